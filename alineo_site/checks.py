@@ -1,0 +1,60 @@
+"""System checks for configuration mistakes a user cannot see."""
+
+from django.conf import settings
+from django.core.checks import Error, Warning, register
+
+
+@register()
+def channel_layer_check(app_configs, **kwargs):
+    backend = settings.CHANNEL_LAYERS["default"]["BACKEND"]
+    if settings.ALINEO_WORKERS > 1 and backend.endswith("InMemoryChannelLayer"):
+        return [
+            Warning(
+                "ALINEO_WORKERS is %d but the channel layer is in-memory." % settings.ALINEO_WORKERS,
+                hint="The in-memory layer does not cross processes: set REDIS_URL so that "
+                "several worker processes receive commands and wake-ups.",
+                id="alineo.W001",
+            )
+        ]
+    return []
+
+
+@register()
+def database_check(app_configs, **kwargs):
+    engine = settings.DATABASES["default"]["ENGINE"]
+    if engine not in ("django.db.backends.sqlite3", "django.db.backends.postgresql"):
+        return [
+            Error(
+                "Unsupported database engine %s." % engine,
+                hint="Use SQLite (the default) or DATABASE_URL=postgres://…",
+                id="alineo.E001",
+            )
+        ]
+    if settings.ALINEO_WORKERS > 1 and engine.endswith("sqlite3"):
+        return [
+            Warning(
+                "Several workers on SQLite.",
+                hint="SQLite serialises every writer; use PostgreSQL (DATABASE_URL) to scale out.",
+                id="alineo.W002",
+            )
+        ]
+    return []
+
+
+@register()
+def sandbox_choice_check(app_configs, **kwargs):
+    if settings.ALINEO_SANDBOX not in ("auto", "docker", "local"):
+        return [
+            Error(
+                "ALINEO_SANDBOX=%r is not one of auto, docker, local." % settings.ALINEO_SANDBOX,
+                id="alineo.E002",
+            )
+        ]
+    return []
+
+
+@register()
+def snapshot_interval_check(app_configs, **kwargs):
+    if settings.ALINEO_SNAPSHOT_EVERY < 1:
+        return [Error("ALINEO_SNAPSHOT_EVERY must be at least 1.", id="alineo.E003")]
+    return []

@@ -1,0 +1,189 @@
+"""Alineo settings: everything comes from environment variables with defaults
+that work on a fresh clone (SQLite under ALINEO_DATA_DIR, in-memory channel layer)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def envbool(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def envint(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.strip() else default
+
+
+def envfloat(name: str, default: float) -> float:
+    value = os.environ.get(name, "")
+    return float(value) if value.strip() else default
+
+
+def envstr(name: str, default: str = "") -> str:
+    return os.environ.get(name, "") or default
+
+
+DATA_DIR = Path(envstr("ALINEO_DATA_DIR", str(BASE_DIR / "var"))).resolve()
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _secret_key() -> str:
+    """Read SECRET_KEY from the environment, else from a file in the data dir
+    made on first start, so sessions survive restarts without any setup."""
+    if os.environ.get("SECRET_KEY"):
+        return os.environ["SECRET_KEY"]
+    path = DATA_DIR / "secret_key"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        key = secrets.token_urlsafe(50)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(key)
+        return key
+    except FileExistsError:  # pragma: no cover - a racing first start
+        return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = envbool("DEBUG", False)
+ALLOWED_HOSTS = [h for h in envstr("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",") if h]
+CSRF_TRUSTED_ORIGINS = [o for o in envstr("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_htmx",
+    "sessions.apps.AgentSessionsConfig",
+    "sandboxes.apps.SandboxesConfig",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "alineo_site.urls"
+ASGI_APPLICATION = "alineo_site.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------
+# SQLite in WAL mode by default. IMMEDIATE transactions take the write lock up
+# front, which removes "database is locked" under concurrent writers (measured:
+# 0 errors vs 1,520 with DEFERRED). synchronous=FULL because a fact is only
+# acknowledged once durable; the journal group-commits to keep throughput.
+DATABASE_URL = envstr("DATABASE_URL")
+SQLITE_PATH = Path(envstr("ALINEO_DB_PATH", str(DATA_DIR / "alineo.sqlite3")))
+if DATABASE_URL:
+    import dj_database_url
+
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 1,
+            "max_size": envint("ALINEO_DB_POOL_MAX", 20),
+        }
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": SQLITE_PATH,
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;",
+            },
+            "TEST": {"NAME": str(DATA_DIR / "test.sqlite3")},
+        }
+    }
+DATABASES["default"]["CONN_MAX_AGE"] = 0
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Channel layer ----------------------------------------------------------
+REDIS_URL = envstr("REDIS_URL")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # redis-py's async pool defaults to 100 connections: 200 streams
+            # gave 101 MaxConnectionsError. Raise it well above the stream count.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "max_connections": 1000}]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = DATA_DIR / "static"
+
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": envstr("ALINEO_LOG_LEVEL", "INFO")},
+    "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
+}
+
+# --- Alineo -------------------------------------------------------------------
+ALINEO_SANDBOX = envstr("ALINEO_SANDBOX", "auto")  # auto | docker | local
+# Worker processes sharing this deployment. Several on the in-memory layer is a
+# misconfiguration that a system check reports.
+ALINEO_WORKERS = envint("ALINEO_WORKERS", 1)
+# A Snapshot of the replayed state is written once replay has folded this many
+# events past the newest one, so replay cost stays bounded by it.
+ALINEO_SNAPSHOT_EVERY = envint("ALINEO_SNAPSHOT_EVERY", 500)
+ALINEO_PAGE_LIMIT_DEFAULT = 100
+ALINEO_PAGE_LIMIT_MAX = 1000
+ALINEO_MAX_TEXT = envint("ALINEO_MAX_TEXT", 100_000)
+ALINEO_SSE_HEARTBEAT_S = envfloat("ALINEO_SSE_HEARTBEAT_S", 20.0)
+ALINEO_DATA_VERSION_POLL_S = envfloat("ALINEO_DATA_VERSION_POLL_S", 0.25)
+ALINEO_CHECKPOINT_MAX_DAYS = 30
+ALINEO_WORKER_CHANNEL = "alineo-worker"

@@ -1,0 +1,350 @@
+"""The journal: the only writer of transcript events.
+
+Appends get seq = head + 1, head + 2 … under the agent row's lock (an UPDATE …
+RETURNING in the same transaction), so seq has no gaps and commit order equals
+seq order on SQLite and PostgreSQL alike. Appends that arrive together from
+several threads are group-committed: one caller leads and writes everyone's
+facts in one transaction, so synchronous=FULL costs one fsync per batch.
+
+A fact is acknowledged (append returns) only after its transaction committed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Iterable
+
+from django.conf import settings
+from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.utils import timezone
+
+from . import state as state_mod
+from . import wakeups
+from .models import Agent, AgentStatus, Event, Snapshot, iso_ts
+
+log = logging.getLogger(__name__)
+
+
+class JournalError(Exception):
+    """Root of the journal's exceptions. `permanent` tells a caller whether retrying can help."""
+
+    permanent = True
+
+
+class UnknownAgent(JournalError):
+    pass
+
+
+class InvalidFact(JournalError):
+    pass
+
+
+class JournalUnavailable(JournalError):
+    """The database refused the write (read-only, full disk, locked too long)."""
+
+    permanent = False
+
+
+class Unrecoverable(JournalError):
+    """The agent's transcript cannot be replayed; the agent is marked unrecoverable."""
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    agent_id: str
+    seq: int
+    type: str
+    data: dict
+    ts: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "type": self.type, "ts": iso_ts(self.ts), "data": self.data}
+
+
+@dataclass(frozen=True)
+class Page:
+    events: list[EventRecord]
+    has_more: bool
+    head: int
+
+    @property
+    def first_seq(self) -> int | None:
+        return self.events[0].seq if self.events else None
+
+    @property
+    def last_seq(self) -> int | None:
+        return self.events[-1].seq if self.events else None
+
+
+# --- append -------------------------------------------------------------------
+
+Fact = tuple[str, dict]
+
+
+def append(agent_id: str, type: str, data: dict | None = None) -> EventRecord:
+    """Append one fact; return it once durable."""
+    return append_many(agent_id, [(type, data or {})])[0]
+
+
+def append_many(agent_id: str, facts: Iterable[Fact]) -> list[EventRecord]:
+    """Append facts for one agent, contiguous and in order, in one transaction.
+
+    Inside a caller's atomic block the facts join that transaction (and are
+    durable when it commits); otherwise they go through the group committer.
+    """
+    items = [_encode(agent_id, t, d) for t, d in facts]
+    if not items:
+        return []
+    if connection.in_atomic_block:
+        records = _write(agent_id, items)
+        transaction.on_commit(lambda: wakeups.notify([agent_id]))
+        return records
+    return _committer.submit(agent_id, items)
+
+
+def _encode(agent_id: str, etype: str, data: dict | None) -> tuple[str, dict, str]:
+    if not isinstance(etype, str) or not etype or len(etype) > 64:
+        raise InvalidFact(f"event type must be a non-empty string of at most 64 characters: {etype!r}")
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise InvalidFact("event data must be a JSON object")
+    try:
+        text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidFact(f"event data is not JSON: {exc}") from exc
+    return etype, data, text
+
+
+def _write(agent_id: str, items: list[tuple[str, dict, str]]) -> list[EventRecord]:
+    """Write one agent's facts inside the current transaction."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE agent_sessions_agent SET last_seq = last_seq + %s WHERE id = %s RETURNING last_seq",
+            [len(items), agent_id],
+        )
+        row = cur.fetchone()
+        if row is None:
+            raise UnknownAgent(f"no agent {agent_id}")
+        head = row[0]
+        first = head - len(items) + 1
+        now = timezone.now()
+        db_now = connection.ops.adapt_datetimefield_value(now)
+        cast = "::jsonb" if connection.vendor == "postgresql" else ""
+        cur.executemany(
+            "INSERT INTO agent_sessions_event (agent_id, seq, type, data, ts) "
+            f"VALUES (%s, %s, %s, %s{cast}, %s)",
+            [(agent_id, first + i, t, text, db_now) for i, (t, _, text) in enumerate(items)],
+        )
+    records = [EventRecord(agent_id, first + i, t, d, now) for i, (t, d, _) in enumerate(items)]
+    _project(agent_id, records)
+    return records
+
+
+def _project(agent_id: str, records: list[EventRecord]) -> None:
+    """Keep the agent row's status and sandbox id a projection of the facts just written."""
+    changes: dict[str, Any] = {}
+    for rec in records:
+        if rec.type == "agent.status" and rec.data.get("status") in AgentStatus.values:
+            changes["status"] = rec.data["status"]
+            changes["status_reason"] = str(rec.data.get("reason", ""))
+        elif rec.type in state_mod._STATUS_BY_TYPE:
+            changes["status"] = state_mod._STATUS_BY_TYPE[rec.type]
+            changes["status_reason"] = str(rec.data.get("reason", ""))
+        if rec.type == "agent.sandbox" or (rec.type == "agent.restored" and rec.data.get("new_sandbox_id")):
+            changes["sandbox_id"] = str(rec.data.get("sandbox_id") or rec.data.get("new_sandbox_id"))
+    if changes:
+        changes["updated_at"] = timezone.now()
+        Agent.objects.filter(pk=agent_id).update(**changes)
+
+
+@dataclass
+class _Request:
+    agent_id: str
+    items: list
+    done: bool = False
+    result: list[EventRecord] | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class _GroupCommitter:
+    """Leader/follower group commit: whoever finds no leader writes the queue."""
+
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    queue: list[_Request] = field(default_factory=list)
+    leading: bool = False
+
+    def submit(self, agent_id: str, items: list) -> list[EventRecord]:
+        req = _Request(agent_id, items)
+        with self.cond:
+            self.queue.append(req)
+            while not req.done and self.leading:
+                self.cond.wait()
+            if req.done:
+                return self._outcome(req)
+            self.leading = True
+            batch, self.queue = self.queue, []
+        try:
+            self._commit(batch)
+        finally:
+            with self.cond:
+                self.leading = False
+                self.cond.notify_all()
+        return self._outcome(req)
+
+    @staticmethod
+    def _outcome(req: _Request) -> list[EventRecord]:
+        if req.error is not None:
+            raise req.error
+        return req.result  # type: ignore[return-value]
+
+    def _commit(self, batch: list[_Request]) -> None:
+        try:
+            with transaction.atomic():
+                for req in batch:
+                    req.result = _write(req.agent_id, req.items)
+        except (JournalError, IntegrityError, DatabaseError) as exc:
+            if len(batch) == 1:
+                batch[0].error = _translate(exc)
+            else:  # one bad request must not fail the others: retry them one by one
+                for req in batch:
+                    req.result, req.error = None, None
+                    self._commit([req])
+                return
+        else:
+            wakeups.notify(sorted({req.agent_id for req in batch}))
+        for req in batch:
+            req.done = True
+
+
+def _translate(exc: BaseException) -> BaseException:
+    if isinstance(exc, JournalError):
+        return exc
+    if isinstance(exc, IntegrityError):
+        return JournalError(f"append refused by the database: {exc}")
+    return JournalUnavailable(f"the transcript cannot be written: {exc}")
+
+
+_committer = _GroupCommitter()
+
+
+# --- read -----------------------------------------------------------------------
+
+def _records(agent_id: str, rows) -> list[EventRecord]:
+    return [EventRecord(agent_id, seq, etype, data, ts) for seq, etype, data, ts in rows]
+
+
+def head(agent_id: str) -> int:
+    value = Agent.objects.filter(pk=agent_id).values_list("last_seq", flat=True).first()
+    return 0 if value is None else value
+
+
+def page_after(agent_id: str, after: int, limit: int) -> Page:
+    """Events with seq > after, oldest first (a keyset query on (agent, seq))."""
+    rows = list(
+        Event.objects.filter(agent_id=agent_id, seq__gt=after)
+        .order_by("seq")
+        .values_list("seq", "type", "data", "ts")[: limit + 1]
+    )
+    return Page(_records(agent_id, rows[:limit]), len(rows) > limit, head(agent_id))
+
+
+def page_before(agent_id: str, before: int, limit: int) -> Page:
+    """The `limit` events just below `before`, oldest first."""
+    rows = list(
+        Event.objects.filter(agent_id=agent_id, seq__lt=before)
+        .order_by("-seq")
+        .values_list("seq", "type", "data", "ts")[: limit + 1]
+    )
+    rows = rows[:limit]
+    rows.reverse()
+    has_more = bool(rows) and rows[0][0] > 1
+    return Page(_records(agent_id, rows), has_more, head(agent_id))
+
+
+# --- replay -----------------------------------------------------------------------
+
+def replay(agent_id: str, *, through: int | None = None, write_snapshot: bool = True) -> dict:
+    """The agent's state: the newest usable snapshot plus the events after it.
+
+    Raises Unrecoverable (and marks the agent so) when the transcript cannot be folded.
+    """
+    start, state = _newest_snapshot(agent_id, through)
+    rows = Event.objects.filter(agent_id=agent_id, seq__gt=start).order_by("seq")
+    if through is not None:
+        rows = rows.filter(seq__lte=through)
+    folded = 0
+    try:
+        for seq, etype, data, ts in rows.values_list("seq", "type", "data", "ts").iterator(chunk_size=2000):
+            state = state_mod.reduce(state, {"seq": seq, "type": etype, "data": data, "ts": iso_ts(ts)})
+            folded += 1
+    except (state_mod.ReplayError, ValueError, TypeError) as exc:
+        reason = f"replay failed: {exc}"
+        mark_unrecoverable(agent_id, reason)
+        raise Unrecoverable(reason) from exc
+    if write_snapshot and through is None and folded >= settings.ALINEO_SNAPSHOT_EVERY:
+        write_snapshot_of(agent_id, state)
+    return state
+
+
+def _newest_snapshot(agent_id: str, through: int | None) -> tuple[int, dict]:
+    snaps = Snapshot.objects.filter(agent_id=agent_id).order_by("-through_seq")
+    if through is not None:
+        snaps = snaps.filter(through_seq__lte=through)
+    for snap in snaps[:3]:
+        try:
+            return snap.through_seq, state_mod.upgrade(snap.state, snap.version)
+        except state_mod.ReplayError as exc:
+            # A snapshot from a newer release is a cache we cannot read: fold from further back.
+            log.warning("agent %s: skipping snapshot at %s: %s", agent_id, snap.through_seq, exc)
+    return 0, state_mod.initial_state()
+
+
+def write_snapshot_of(agent_id: str, state: dict, keep: int = 2) -> None:
+    try:
+        with transaction.atomic():
+            Snapshot.objects.get_or_create(
+                agent_id=agent_id,
+                through_seq=state["last_seq"],
+                defaults={"version": state_mod.SNAPSHOT_VERSION, "state": state},
+            )
+            stale = Snapshot.objects.filter(agent_id=agent_id).order_by("-through_seq")[keep:]
+            Snapshot.objects.filter(pk__in=[s.pk for s in stale]).delete()
+    except DatabaseError as exc:  # a snapshot is a cache: failing to write one is not fatal
+        log.warning("agent %s: snapshot not written: %s", agent_id, exc)
+
+
+# --- unrecoverable ------------------------------------------------------------
+
+# Agents marked while the database could not even take the mark. The API reads
+# this too, so such an agent never looks fine while it quietly is not.
+_unwritable_marks: dict[str, str] = {}
+
+
+def mark_unrecoverable(agent_id: str, reason: str) -> None:
+    try:
+        with transaction.atomic():
+            Agent.objects.filter(pk=agent_id).update(
+                status=AgentStatus.UNRECOVERABLE, status_reason=reason[:2000], updated_at=timezone.now()
+            )
+        _unwritable_marks.pop(agent_id, None)
+    except DatabaseError:
+        _unwritable_marks[agent_id] = reason
+    log.error("agent %s is unrecoverable: %s", agent_id, reason)
+
+
+def unrecoverable_reason(agent_id: str) -> str | None:
+    return _unwritable_marks.get(agent_id)
+
+
+def purge_agent(agent_id: str) -> None:
+    """Delete an agent and its whole transcript (the only way events are ever deleted)."""
+    with transaction.atomic():
+        Snapshot.objects.filter(agent_id=agent_id).delete()
+        Agent.objects.filter(pk=agent_id).delete()
+        # The append-only trigger allows this only once the agent row is gone.
+        Event.objects.filter(agent_id=agent_id).delete()

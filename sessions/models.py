@@ -1,0 +1,217 @@
+"""The durable state of Alineo. Events are the truth; every other row is either
+identity (Workspace, Agent), bookkeeping (Command, ApiToken, Checkpoint) or a
+cache of a replay (Snapshot)."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+
+def new_agent_id() -> str:
+    return "ag_" + secrets.token_hex(8)
+
+
+class Workspace(models.Model):
+    """A tenant: its users, agents and retention policy."""
+
+    name = models.CharField(max_length=100, unique=True)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="workspaces", blank=True)
+    checkpoint_max_age_days = models.PositiveSmallIntegerField(
+        default=30,
+        validators=[MinValueValidator(1), MaxValueValidator(30)],
+        help_text="Checkpoints expire this many days after they are taken (at most 30).",
+    )
+    keep_newest_checkpoints = models.PositiveSmallIntegerField(
+        default=3, validators=[MinValueValidator(1), MaxValueValidator(100)]
+    )
+    zero_data_retention = models.BooleanField(
+        default=False, help_text="Take no checkpoints and no snapshots for this workspace's agents."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(checkpoint_max_age_days__gte=1, checkpoint_max_age_days__lte=30),
+                name="workspace_checkpoint_age_1_30",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ApiToken(models.Model):
+    """A bearer token for scripts. Only its SHA-256 is stored."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    digest = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12)
+    label = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    PREFIX = "aln_"
+
+    @staticmethod
+    def hash(raw: str) -> str:
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    @classmethod
+    def issue(cls, user, label: str = "") -> tuple["ApiToken", str]:
+        raw = cls.PREFIX + secrets.token_urlsafe(32)
+        token = cls.objects.create(user=user, digest=cls.hash(raw), prefix=raw[:12], label=label)
+        return token, raw
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user})"
+
+
+class AgentStatus(models.TextChoices):
+    STARTING = "starting"
+    RUNNING = "running"
+    IDLE = "idle"
+    PAUSED = "paused"
+    INTERRUPTED = "interrupted"
+    RESTORING = "restoring"
+    STOPPED = "stopped"
+    LOST = "lost"
+    UNRECOVERABLE = "unrecoverable"
+
+
+class Agent(models.Model):
+    """A stable identity in the tree. Its sandbox id changes when it is restored;
+    its id never does."""
+
+    id = models.CharField(primary_key=True, max_length=32, default=new_agent_id, editable=False)
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="agents")
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    spec = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=AgentStatus.choices, default=AgentStatus.STARTING)
+    status_reason = models.TextField(blank=True)
+    sandbox_id = models.CharField(max_length=128, blank=True)
+    # The head of the transcript. The journal bumps it in the same transaction
+    # as the rows it appends; on PostgreSQL that row lock is the per-agent lock
+    # that keeps commit order equal to seq order.
+    last_seq = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class Event(models.Model):
+    """One fact of an agent's transcript. Append-only: database triggers refuse
+    UPDATE and DELETE (see migration 0002); sessions.journal is the only writer."""
+
+    agent = models.ForeignKey(Agent, on_delete=models.DO_NOTHING, related_name="events", db_constraint=True)
+    seq = models.BigIntegerField()
+    type = models.CharField(max_length=64)
+    data = models.JSONField(default=dict)
+    ts = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["agent", "seq"], name="event_agent_seq_unique")]
+        ordering = ["agent", "seq"]
+
+    def as_dict(self) -> dict:
+        return {"seq": self.seq, "type": self.type, "ts": iso_ts(self.ts), "data": self.data}
+
+
+def iso_ts(value) -> str:
+    """ISO 8601 UTC with microseconds and a Z, e.g. 2026-11-29T08:31:02.123456Z."""
+    return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class CommandVerb(models.TextChoices):
+    SPAWN = "spawn"
+    PROMPT = "prompt"
+    STEER = "steer"
+    INTERRUPT = "interrupt"
+    PAUSE = "pause"
+    RESUME = "resume"
+    STOP = "stop"
+    FORK = "fork"
+
+
+class CommandState(models.TextChoices):
+    PENDING = "pending"  # journaled and acknowledged, not yet acted on
+    DONE = "done"
+    FAILED = "failed"
+
+
+class Command(models.Model):
+    """An acknowledged request. Keyed by (user, idempotency key) so that the same
+    key returns the first response with no second effect, also across restarts."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="commands")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.PROTECT, related_name="commands")
+    verb = models.CharField(max_length=16, choices=CommandVerb.choices)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    request_hash = models.CharField(max_length=64)
+    response_status = models.PositiveSmallIntegerField()
+    response_body = models.JSONField(default=dict)
+    state = models.CharField(max_length=16, choices=CommandState.choices, default=CommandState.PENDING)
+    seq = models.BigIntegerField(null=True, blank=True, help_text="The transcript fact that records it.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    acted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["user", "idempotency_key"],
+                condition=models.Q(idempotency_key__isnull=False),
+                name="command_user_key_unique",
+            )
+        ]
+        indexes = [models.Index(fields=["state", "created_at"], name="command_state_idx")]
+
+
+class Checkpoint(models.Model):
+    """Metadata of a turn checkpoint (a tar+zstd of the agent's home). Secret-free."""
+
+    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="checkpoints")
+    sandbox_id = models.CharField(max_length=128)
+    turn = models.PositiveIntegerField()
+    through_seq = models.BigIntegerField()
+    path = models.CharField(max_length=512, blank=True)
+    bytes = models.BigIntegerField(default=0)
+    duration_ms = models.PositiveIntegerField(default=0)
+    harness_revision = models.CharField(max_length=64, blank=True)
+    profile_revision = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["agent", "-created_at"]
+
+
+class Snapshot(models.Model):
+    """The replayed state of an agent through `through_seq`, in format `version`.
+    A cache: dropping every snapshot only makes the next replay slower."""
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="snapshots")
+    through_seq = models.BigIntegerField()
+    version = models.PositiveSmallIntegerField()
+    state = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["agent", "through_seq"], name="snapshot_agent_seq_unique")
+        ]
