@@ -1,0 +1,46 @@
+"""Who is asking, and what they may see: a bearer token or a browser session,
+scoped to the user's workspaces. Another workspace's agent is a 404, not a 403,
+so ids cannot be probed."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AnonymousUser
+
+from ..models import Agent, ApiToken, Workspace
+
+
+def user_from_bearer(header: str | None):
+    """The user a `Bearer <token>` header names, or None."""
+    if not header or not header.startswith("Bearer "):
+        return None
+    raw = header[len("Bearer "):].strip()
+    if not raw.startswith(ApiToken.PREFIX) or len(raw) > 200:
+        return None
+    token = ApiToken.objects.select_related("user").filter(digest=ApiToken.hash(raw)).first()
+    if token is None or not token.user.is_active:
+        return None
+    return token.user
+
+
+def request_user(request):
+    """Bearer token first, then the session user; AnonymousUser when neither."""
+    user = user_from_bearer(request.headers.get("Authorization"))
+    if user is not None:
+        return user
+    user = getattr(request, "user", None)
+    return user if user is not None and user.is_authenticated else AnonymousUser()
+
+
+def workspaces_of(user):
+    return Workspace.objects.filter(members=user)
+
+
+def visible_agent(user, agent_id: str) -> Agent | None:
+    """The agent if it exists in one of the user's workspaces, else None."""
+    if not isinstance(agent_id, str) or len(agent_id) > 32:
+        return None
+    return Agent.objects.filter(pk=agent_id, workspace__members=user).first()
+
+
+def default_workspace(user) -> Workspace | None:
+    return workspaces_of(user).order_by("id").first()
