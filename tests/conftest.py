@@ -8,6 +8,24 @@ from django.contrib.auth import get_user_model
 from sessions.models import Agent, ApiToken, Workspace
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _flush_agents_before_events():
+    """Django's test flush deletes tables in no fixed order, but the transcript's
+    append-only trigger refuses deleting the events of an agent that still
+    exists. Delete agent rows first (foreign keys are checked at commit)."""
+    from django.db.backends.sqlite3.operations import DatabaseOperations
+
+    original = DatabaseOperations.sql_flush
+
+    def sql_flush(self, style, tables, **kwargs):
+        statements = original(self, style, tables, **kwargs)
+        return sorted(statements, key=lambda sql: "agent_sessions_agent" not in sql)
+
+    DatabaseOperations.sql_flush = sql_flush
+    yield
+    DatabaseOperations.sql_flush = original
+
+
 @pytest.fixture
 def workspace(db):
     return Workspace.objects.create(name="acme")
