@@ -1,0 +1,237 @@
+"""GET /api/agents/{id}/stream: an agent's transcript as server-sent events.
+
+A channels AsyncHttpConsumer that overrides http_request instead of looping in
+handle(): dispatch is serial, so a loop in handle() would keep http.disconnect
+and wake-ups from ever being delivered (measured: 11 s to notice a disconnect).
+Every DB read goes through database_sync_to_async, which closes the connection
+afterwards, so an idle stream holds no thread and no DB connection.
+
+Rows come only from the journal: a wake-up or a heartbeat just means "re-read
+after the cursor", so a resume has no gaps and no duplicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import re
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
+from channels.generic.http import AsyncHttpConsumer
+from django.conf import settings
+from django.db import DatabaseError
+
+from . import journal, wakeups
+from .api.auth import user_from_bearer, visible_agent
+from .api.errors import ApiError, not_found
+
+log = logging.getLogger(__name__)
+
+PAGE = 500  # backlog rows per DB read
+RETRY_MS = 1000
+_LINE_BREAK = re.compile(r"[\r\n]")
+_CURSOR = re.compile(r"[0-9]{1,18}")  # ASCII digits only; 18 digits stay inside int64
+
+SSE_HEADERS = [
+    (b"Content-Type", b"text/event-stream; charset=utf-8"),
+    (b"Cache-Control", b"no-cache"),
+    (b"X-Accel-Buffering", b"no"),
+]
+
+
+def format_event(record: dict) -> bytes:
+    # json.dumps escapes CR/LF, so `data` is one line; the type is made safe
+    # too, since a line break in it would split the frame.
+    data = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+    etype = _LINE_BREAK.sub(" ", record["type"])
+    return f"id: {record['seq']}\nevent: {etype}\ndata: {data}\n\n".encode()
+
+
+def format_reset(head: int) -> bytes:
+    # The id moves the client's Last-Event-ID to the head, so its next
+    # reconnect resumes from there instead of being reset again.
+    data = json.dumps({"head": head, "reason": "cursor_beyond_head"})
+    return f"id: {head}\nevent: reset\ndata: {data}\n\n".encode()
+
+
+def parse_cursor(last_event_id: str | None, after: str | None) -> int:
+    """Last-Event-ID, else ?after=, else 0. Anything but a plain non-negative integer is a 400."""
+    # An empty Last-Event-ID is what a browser sends after an `id:` with no value: no cursor.
+    raw = last_event_id.strip() if last_event_id and last_event_id.strip() else after
+    if raw is None:
+        return 0
+    if not _CURSOR.fullmatch(raw):
+        raise ApiError(400, "cursor.invalid", "The cursor must be a non-negative integer (an event seq).")
+    return int(raw)
+
+
+def _header(scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _query_after(scope) -> str | None:
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+    values = query.get("after")
+    return values[0] if values else None
+
+
+@database_sync_to_async
+def _authorize(authorization: str | None, session_user, agent_id: str) -> str:
+    """The agent id the caller may stream, or an ApiError (401 / 404)."""
+    user = user_from_bearer(authorization)
+    if user is None and session_user is not None and session_user.is_authenticated:
+        user = session_user
+    if user is None:
+        raise ApiError(401, "auth.required", "Send a bearer token or log in.")
+    if visible_agent(user, agent_id) is None:
+        raise not_found("agent")
+    return agent_id
+
+
+@database_sync_to_async
+def _read_page(agent_id: str, after: int) -> journal.Page:
+    return journal.page_after(agent_id, after, PAGE)
+
+
+class TranscriptStream(AsyncHttpConsumer):
+    """One open SSE response. State lives on the instance; nothing per stream
+    runs between wake-ups except one sleeping heartbeat task."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.agent_id: str | None = None
+        self.cursor = 0
+        self.lock = asyncio.Lock()
+        self.dirty = False
+        self.closed = False
+        self.subscribed = False
+        self.heartbeat: asyncio.Task | None = None
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:  # also when daphne cancels us at shutdown
+            await self._cleanup()
+
+    # --- opening -----------------------------------------------------------------
+
+    async def http_request(self, message):
+        if message.get("more_body"):
+            return  # a GET has no body worth waiting for; answer once it is all in
+        try:
+            cursor = await self._check_request()
+        except DatabaseError:
+            log.warning("stream: cannot authorize, database unavailable", exc_info=True)
+            await self._refuse(ApiError(503, "service.unavailable", "The database is unavailable; retry."))
+            raise StopConsumer()
+        except ApiError as exc:
+            await self._refuse(exc)
+            raise StopConsumer()
+        await self._open(cursor)
+
+    async def _check_request(self) -> int:
+        if self.scope.get("method") != "GET":
+            raise ApiError(405, "method.not_allowed", "The stream answers GET only.")
+        agent_id = self.scope["url_route"]["kwargs"]["agent_id"]
+        user = self.scope.get("user")
+        self.agent_id = await _authorize(_header(self.scope, b"authorization"), user, agent_id)
+        return parse_cursor(_header(self.scope, b"last-event-id"), _query_after(self.scope))
+
+    async def _refuse(self, exc: ApiError) -> None:
+        body = json.dumps({"code": exc.code, "message": exc.message, **exc.extra}).encode()
+        headers = [(b"Content-Type", b"application/json")]
+        if exc.status == 405:
+            headers.append((b"Allow", b"GET"))
+        await self.send_headers(status=exc.status, headers=headers)
+        await self.send_body(body)
+
+    async def _open(self, cursor: int) -> None:
+        self.cursor = cursor
+        # Subscribe before reading the backlog: a commit between the two then
+        # still wakes us, so nothing falls into the gap.
+        await self.channel_layer.group_add(wakeups.group_name(self.agent_id), self.channel_name)
+        self.subscribed = True
+        wakeups.watch(self.agent_id)
+        wakeups.ensure_started()
+        await self.send_headers(status=200, headers=SSE_HEADERS)
+        await self.send_body(f"retry: {RETRY_MS}\n\n".encode(), more_body=True)
+        self.heartbeat = asyncio.create_task(self._heartbeat())
+        await self.flush()
+
+    # --- delivering -----------------------------------------------------------------
+
+    async def transcript_append(self, message):
+        """A wake-up from the group: re-read after the cursor."""
+        self.dirty = True
+        if self.lock.locked():
+            return  # the running flush sees `dirty` and reads once more
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Send every event after the cursor. The lock keeps a wake-up and a
+        heartbeat from reading the same rows twice."""
+        self.dirty = True
+        async with self.lock:
+            while self.dirty and not self.closed:
+                self.dirty = False
+                try:
+                    await self._drain()
+                except DatabaseError:
+                    # A locked or missing DB must not end the stream: the next
+                    # wake-up or heartbeat reads again.
+                    log.warning("stream %s: transcript read failed", self.agent_id, exc_info=True)
+                    return
+
+    async def _drain(self) -> None:
+        while not self.closed:
+            page = await _read_page(self.agent_id, self.cursor)
+            if self.cursor > page.head:
+                await self.send_body(format_reset(page.head), more_body=True)
+                self.cursor = page.head
+                continue
+            if page.events:
+                chunk = b"".join(format_event(rec.as_dict()) for rec in page.events)
+                await self.send_body(chunk, more_body=True)
+                self.cursor = page.events[-1].seq
+            if not page.has_more:
+                return
+
+    async def _heartbeat(self) -> None:
+        """A comment line every interval ±20 %, then a safety re-read: layer
+        messages are at-most-once, the database is not."""
+        base = float(settings.ALINEO_SSE_HEARTBEAT_S)
+        while not self.closed:
+            await asyncio.sleep(base * random.uniform(0.8, 1.2))
+            try:
+                await self.send_body(b": ka\n\n", more_body=True)
+                await self.flush()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # keep beating: one failed tick must not silence the stream
+                log.warning("stream %s: heartbeat failed", self.agent_id, exc_info=True)
+
+    # --- closing -------------------------------------------------------------------
+
+    async def disconnect(self):
+        await self._cleanup()
+
+    async def _cleanup(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.heartbeat is not None and self.heartbeat is not asyncio.current_task():
+            self.heartbeat.cancel()
+        if self.subscribed:
+            self.subscribed = False
+            wakeups.unwatch(self.agent_id)
+            try:
+                await self.channel_layer.group_discard(wakeups.group_name(self.agent_id), self.channel_name)
+            except Exception:  # pragma: no cover - the layer expires it anyway
+                log.warning("stream %s: group_discard failed", self.agent_id, exc_info=True)
