@@ -1,0 +1,289 @@
+"""The sandbox backend contract: a small base class and its return types.
+
+A *sandbox* is where an agent runs: a container (docker backend) or a directory
+plus a detached process group (local backend). Both backends offer the same
+verbs, so everything above them (checkpoints, the restore ladder, the worker)
+is written once:
+
+    create(agent_id, image, *, run_dir, limits, network, env, labels) -> sandbox id
+    start(id) · status(id) -> SandboxStatus · exec(id, argv, *, env, timeout) -> ExecResult
+    read_home(id) -> iterator of tar bytes · write_home(id, tar bytes iterator)
+    commit(id, tag) -> snapshot ref · stop(id) · remove(id) · home(id) -> path
+
+Every failure is a :class:`sandboxes.errors.SandboxError`.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import functools
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Mapping, Sequence
+
+from sandboxes.errors import SandboxError
+
+#: The placeholder sandbox command until the bridge exists: a long-running,
+#: stdlib-only python process. Backends take ``command=`` to run something else.
+PLACEHOLDER_COMMAND: tuple[str, ...] = (
+    "python3",
+    "-c",
+    "import time\nwhile True:\n    time.sleep(3600)",
+)
+
+#: Package caches left out of every home tar (BRIEF §2). `.rustup` is kept on
+#: purpose: it holds toolchains, not caches.
+HOME_EXCLUDES: tuple[str, ...] = (
+    "--exclude=./.cache",
+    "--exclude=./.npm",
+    "--exclude=./.cargo/registry",
+    "--exclude=./.cargo/git",
+    "--exclude=./go/pkg/mod",
+    "--exclude=*/__pycache__",
+)
+
+#: Label put on every sandbox Alineo creates; ``alineo.agent`` names its agent.
+LABEL_MANAGED = "alineo.managed"
+LABEL_AGENT = "alineo.agent"
+
+#: Where the run dir (bridge socket, wait-for inputs) is seen inside a container.
+CONTAINER_RUN_DIR = "/run/alineo"
+
+NETWORKS = ("none", "host")
+
+
+def home_tar_argv(home: str) -> list[str]:
+    """The `tar` that streams a home dir out, package caches excluded.
+    GNU tar's exit code 1 ("file changed as we read it") is a warning."""
+    return ["tar", "-C", home, "-cf", "-", *HOME_EXCLUDES, "."]
+
+
+def home_untar_argv(home: str) -> list[str]:
+    return ["tar", "-C", home, "-xf", "-"]
+
+
+class SandboxStatus(str, enum.Enum):
+    RUNNING = "running"   # its command runs: exec works
+    EXITED = "exited"     # it exists (disk intact) but does not run: start() it
+    MISSING = "missing"   # it does not exist (removed, reaped): restore or rebuild
+    UNKNOWN = "unknown"   # cannot tell now (the engine does not answer)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one sandbox. The docker backend enforces them through
+    the container's cgroup; the local backend records them only."""
+
+    pids: int = 256
+    memory_mb: int = 1024
+    cpus: float | None = None
+
+    def __post_init__(self):
+        for name in ("pids", "memory_mb"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"limits.{name} must be a positive integer, not {value!r}")
+        if self.cpus is not None and (
+            isinstance(self.cpus, bool) or not isinstance(self.cpus, (int, float)) or self.cpus <= 0
+        ):
+            raise ValueError(f"limits.cpus must be a positive number, not {self.cpus!r}")
+
+    @classmethod
+    def from_spec(cls, value: Limits | Mapping | None) -> Limits:
+        """Limits from a spec's ``"limits"`` object (missing keys take defaults).
+        Unknown keys and bad values raise ValueError naming the field."""
+        if value is None:
+            return cls()
+        if isinstance(value, Limits):
+            return value
+        unknown = sorted(set(value) - {"pids", "memory_mb", "cpus"})
+        if unknown:
+            raise ValueError(f"limits: unknown keys {', '.join(unknown)}")
+        return cls(**dict(value))
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int
+    stdout: bytes = b""
+    stderr: bytes = b""
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def text(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class SandboxHandle:
+    """What a backend knows about one sandbox (for listings and logs)."""
+
+    id: str
+    backend: str
+    agent_id: str
+    image: str
+    home: str
+    status: SandboxStatus
+    labels: dict = field(default_factory=dict)
+
+
+class SandboxBackend(abc.ABC):
+    """One way of running sandboxes. Subclasses: docker, local."""
+
+    name: str = ""
+
+    # --- lifecycle -----------------------------------------------------------
+    @abc.abstractmethod
+    def create(
+        self,
+        agent_id: str,
+        image: str,
+        *,
+        run_dir: str | None = None,
+        limits: Limits | Mapping | None = None,
+        network: str = "none",
+        env: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        command: Sequence[str] | None = None,
+        cap_add: Sequence[str] = (),
+    ) -> str:
+        """Create (not start) a sandbox for ``agent_id`` from ``image`` (a base
+        image or a snapshot ref from :meth:`commit`). ``run_dir`` is a host
+        directory seen as ``$ALINEO_RUN_DIR`` inside. Returns the sandbox id."""
+
+    @abc.abstractmethod
+    def start(self, sandbox_id: str) -> None:
+        """Start the sandbox's command; a no-op when it already runs."""
+
+    @abc.abstractmethod
+    def status(self, sandbox_id: str) -> SandboxStatus: ...
+
+    @abc.abstractmethod
+    def exec(
+        self,
+        sandbox_id: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = 60,
+    ) -> ExecResult:
+        """Run a one-shot command in the running sandbox, cwd = home.
+        Raises SandboxNotRunning / SandboxNotFound; ExecTimeout on timeout."""
+
+    @abc.abstractmethod
+    def read_home(self, sandbox_id: str) -> Iterator[bytes]:
+        """The home dir as an uncompressed tar stream (entries ``./…``), package
+        caches excluded. Raises ExecFailed at the end if tar failed."""
+
+    @abc.abstractmethod
+    def write_home(self, sandbox_id: str, tar_chunks: Iterable[bytes]) -> None:
+        """Extract an uncompressed tar stream into the home dir, refusing entries
+        that would escape it (UnsafeArchive)."""
+
+    @abc.abstractmethod
+    def commit(self, sandbox_id: str, tag: str) -> str:
+        """Snapshot the sandbox; returns a ref that :meth:`create` takes as image."""
+
+    @abc.abstractmethod
+    def stop(self, sandbox_id: str, timeout: float = 10) -> None: ...
+
+    @abc.abstractmethod
+    def remove(self, sandbox_id: str) -> None:
+        """Remove the sandbox and its disk. Removing a missing sandbox is a no-op."""
+
+    @abc.abstractmethod
+    def home(self, sandbox_id: str) -> str:
+        """The home dir's path as seen by the sandbox's processes."""
+
+    # --- queries -------------------------------------------------------------
+    @abc.abstractmethod
+    def list(self, labels: Mapping[str, str] | None = None) -> list[SandboxHandle]:
+        """Every sandbox Alineo made on this backend, optionally filtered by labels."""
+
+    @abc.abstractmethod
+    def image_exists(self, image: str) -> bool: ...
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}>"
+
+
+def _validate_create_args(agent_id: str, image: str, network: str) -> None:
+    if not agent_id or not isinstance(agent_id, str):
+        raise SandboxError("agent_id must be a non-empty string", permanent=True)
+    if not image or not isinstance(image, str):
+        raise SandboxError("image must be a non-empty string", permanent=True)
+    if network not in NETWORKS:
+        raise SandboxError(
+            f"network must be one of {', '.join(NETWORKS)}, not {network!r}", permanent=True
+        )
+
+
+def docker_engine_answers(timeout: float = 3.0) -> bool:
+    """True when a Docker engine (DOCKER_HOST or the default socket) answers a ping."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=timeout)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:  # noqa: BLE001 - any failure means "no engine"
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def _backend(name: str) -> SandboxBackend:
+    if name == "docker":
+        from sandboxes.backends.docker import DockerBackend
+
+        return DockerBackend()
+    if name == "local":
+        from sandboxes.backends.local import LocalBackend
+
+        return LocalBackend()
+    raise SandboxError(f"unknown sandbox backend {name!r} (auto, docker or local)", permanent=True)
+
+
+@functools.lru_cache(maxsize=1)
+def _auto_backend_name() -> str:
+    """Decided once per process: an engine that appears later needs a restart."""
+    return "docker" if docker_engine_answers() else "local"
+
+
+def resolve_backend_name(setting: str | None = None) -> str:
+    """``auto`` becomes ``docker`` when an engine answers, else ``local``."""
+    if setting is None:
+        from django.conf import settings
+
+        setting = getattr(settings, "ALINEO_SANDBOX", "auto") or "auto"
+    setting = setting.strip().lower()
+    if setting == "auto":
+        return _auto_backend_name()
+    if setting not in ("docker", "local"):
+        raise SandboxError(
+            f"ALINEO_SANDBOX must be auto, docker or local, not {setting!r}", permanent=True
+        )
+    return setting
+
+
+def get_backend(name: str | None = None) -> SandboxBackend:
+    """The backend named by ``name`` or settings.ALINEO_SANDBOX (one instance
+    per process and name). Forcing ``docker`` without an engine gives a backend
+    whose calls raise BackendUnavailable."""
+    return _backend(resolve_backend_name(name))
+
+
+def _clear_caches() -> None:
+    _backend.cache_clear()
+    _auto_backend_name.cache_clear()
+
+
+get_backend.cache_clear = _clear_caches  # type: ignore[attr-defined]
