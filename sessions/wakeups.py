@@ -66,23 +66,32 @@ def notify(agent_ids) -> None:
 
 
 def _dispatch(ids: list[str]) -> None:
+    run_on_layer(lambda layer: _send(layer, ids))
+
+
+def run_on_layer(make_coro) -> None:
+    """Run `make_coro(layer)` on the loop that owns the channel layer.
+
+    The in-memory layer's queues belong to the serving loop, so a caller on a
+    worker thread (a sync view) schedules the send there; a caller on a loop
+    runs it as a task; a process with no loop and a cross-process layer (Redis)
+    sends synchronously. With no loop and an in-memory layer nobody in this
+    process listens, and the serving process's data_version watcher (streams)
+    or pending-command scan (worker) picks the commit up instead.
+    """
     layer = get_channel_layer()
     if layer is None:
         return
     running = _running_loop()
     loop = _loop
     if loop is not None and loop.is_running() and loop is not running:
-        # A worker thread (or a thread with a loop of its own): the in-memory
-        # layer's queues belong to the serving loop, so schedule the send there.
-        asyncio.run_coroutine_threadsafe(_send(layer, ids), loop)
+        asyncio.run_coroutine_threadsafe(make_coro(layer), loop)
     elif running is not None:
-        _spawn(running, _send(layer, ids))
+        _spawn(running, make_coro(layer))
     elif not _is_in_memory(layer):
         from asgiref.sync import async_to_sync
 
-        async_to_sync(_send)(layer, ids)
-    # else: no loop and an in-memory layer, so no stream listens in this process;
-    # the serving process's data_version watcher sees the commit instead.
+        async_to_sync(make_coro)(layer)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -8,6 +8,12 @@ from django.contrib.auth import get_user_model
 from sessions.models import Agent, ApiToken, Workspace
 
 
+@pytest.fixture(autouse=True)
+def _fast_password_hasher(settings):
+    # Hashing test users' passwords with PBKDF2 costs ~0.5 s per test.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _flush_agents_before_events():
     """Django's test flush deletes tables in no fixed order, but the transcript's

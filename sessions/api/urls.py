@@ -1,1 +1,26 @@
-urlpatterns = []
+"""JSON API routes (BRIEF 5.2). A trailing slash is optional. The catch-all at
+the end makes every other /api/ path a JSON 404 instead of Django's HTML page.
+/api/agents/{id}/stream is routed in alineo_site/asgi.py, before Django."""
+
+from django.urls import re_path
+
+from . import views
+
+_ID = r"(?P<agent_id>[^/]+)"
+
+urlpatterns = [
+    re_path(r"^agents/?$", views.agents, name="api-agents"),
+    re_path(rf"^agents/{_ID}/?$", views.agent_detail, name="api-agent"),
+    re_path(
+        rf"^agents/{_ID}/(?P<verb>prompt|steer|interrupt|pause|resume|stop)/?$",
+        views.agent_command,
+        name="api-agent-command",
+    ),
+    re_path(rf"^agents/{_ID}/events/?$", views.agent_events, name="api-agent-events"),
+    re_path(
+        rf"^agents/{_ID}/checkpoints/?$", views.agent_checkpoints, name="api-agent-checkpoints"
+    ),
+    re_path(rf"^agents/{_ID}/fork/?$", views.agent_fork, name="api-agent-fork"),
+    # [\s\S], not ".": a path may hold a newline (%0A) too. (Django cannot reverse "(?s)".)
+    re_path(r"^(?P<rest>[\s\S]*)$", views.api_not_found),
+]

@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 
 from sessions import journal, state
-from sessions.models import Agent, Snapshot
+from sessions.models import Snapshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

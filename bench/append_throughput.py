@@ -1,0 +1,287 @@
+#!/usr/bin/env python
+"""Append throughput: the journal (group commit, synchronous=FULL) against raw
+sqlite3 executemany of the same rows into the same table at the same PRAGMAs.
+
+Cases, each repeated and interleaved with its baseline (medians of rows/s):
+
+1. concurrent singles: 8 threads each call journal.append() one fact at a time
+   on 4 agents; the group committer batches whatever is queued.
+   Baseline: raw executemany of the same rows in exactly the batch sizes the
+   committer formed in that run (same rows, same transactions). Target >= 0.5x.
+   For reference: raw executemany of 8 rows per transaction (a perfect group
+   commit of the 8 writers with nothing else to do), and raw sqlite3 with the
+   same 8 threads committing one row per transaction (no group commit).
+2. append_many(100): one thread, batches of 100 facts.
+   Baseline: raw executemany of 100 rows per transaction, alternating with
+   the journal every 5 transactions (both see the same disk). Target >= 0.5x.
+
+Both sides write the same table (agent_sessions_event, with its unique index,
+foreign key and append-only triggers) in the same database file, WAL +
+synchronous=FULL, BEGIN IMMEDIATE. The raw side writes to agents of its own.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import _common as C  # noqa: E402
+
+THREADS = 8
+AGENTS = 4
+TARGET = 0.5
+
+
+def raw_connect(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, timeout=20, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")  # Django turns it on for its connections too
+    return conn
+
+
+class RawWriter:
+    """Rows exactly as the journal writes them, without the journal."""
+
+    def __init__(self, path: str, agent_id: str):
+        self.path = path
+        self.agent_id = agent_id
+        self.seq = 0
+
+    def rows(self, n: int):
+        ts = datetime.now(timezone.utc).replace(tzinfo=None).isoformat(sep=" ")
+        out = []
+        for etype, data in C.facts(self.seq, n):
+            self.seq += 1
+            out.append((self.agent_id, self.seq, etype, C.json_text(data), ts))
+        return out
+
+
+INSERT = "INSERT INTO agent_sessions_event (agent_id, seq, type, data, ts) VALUES (?, ?, ?, ?, ?)"
+
+
+def raw_batched(path: str, writer: RawWriter, total: int, batch: int | list[int]) -> float:
+    """One thread, `batch` rows per transaction (or exactly these batch sizes). rows/s."""
+    conn = raw_connect(path)
+    sizes = batch if isinstance(batch, list) else [batch] * (total // batch)
+    batches = [writer.rows(n) for n in sizes]
+    t0 = C.now()
+    for rows in batches:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(INSERT, rows)
+        conn.execute("COMMIT")
+    dt = C.now() - t0
+    conn.close()
+    return sum(sizes) / dt
+
+
+def raw_threads_singles(path: str, writers: list[RawWriter], per_thread: int) -> float:
+    """THREADS threads, one row per transaction each (no group commit). rows/s."""
+    conns = [raw_connect(path) for _ in range(THREADS)]
+    lock = threading.Lock()  # seq allocation for a shared agent, as an app would need
+    barrier = threading.Barrier(THREADS + 1)
+    errors: list[BaseException] = []
+
+    def work(i):
+        conn, w = conns[i], writers[i % len(writers)]
+        barrier.wait()
+        try:
+            for _ in range(per_thread):
+                conn.execute("BEGIN IMMEDIATE")
+                with lock:
+                    rows = w.rows(1)
+                conn.executemany(INSERT, rows)
+                conn.execute("COMMIT")
+        except BaseException as exc:  # pragma: no cover - reported
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = C.now()
+    for t in threads:
+        t.join()
+    dt = C.now() - t0
+    for c in conns:
+        c.close()
+    if errors:
+        raise errors[0]
+    return THREADS * per_thread / dt
+
+
+def journal_threads_singles(agent_ids: list[str], per_thread: int, batch_sizes: list[int]) -> float:
+    from django.db import connection
+
+    from sessions import journal
+
+    barrier = threading.Barrier(THREADS + 1)
+    errors: list[BaseException] = []
+    payload = C.facts(0, per_thread)
+
+    def work(i):
+        agent = agent_ids[i % len(agent_ids)]
+        connection.ensure_connection()
+        barrier.wait()
+        try:
+            for etype, data in payload:
+                journal.append(agent, etype, data)
+        except BaseException as exc:  # pragma: no cover - reported
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    committer = journal._committer
+    original = committer._commit
+
+    def counting(batch):
+        batch_sizes.append(sum(len(r.items) for r in batch))
+        return original(batch)
+
+    committer._commit = counting
+    try:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(THREADS)]
+        for t in threads:
+            t.start()
+        barrier.wait()
+        t0 = C.now()
+        for t in threads:
+            t.join()
+        dt = C.now() - t0
+    finally:
+        del committer._commit
+    if errors:
+        raise errors[0]
+    return THREADS * per_thread / dt
+
+
+def many_interleaved(agent_id: str, path: str, writer: RawWriter, total: int, batch: int, start: int,
+                     slice_batches: int = 5) -> tuple[float, float]:
+    """append_many(batch) against raw executemany(batch), alternating every
+    `slice_batches` transactions so both see the same disk. Returns (journal rows/s, raw rows/s)."""
+    from django.db import connection
+
+    from sessions import journal
+
+    connection.ensure_connection()
+    conn = raw_connect(path)
+    n = total // batch
+    j_batches = [C.facts(start + k * batch, batch) for k in range(n)]
+    r_batches = [writer.rows(batch) for _ in range(n)]
+    tj = tr = 0.0
+    for k in range(0, n, slice_batches):
+        t0 = C.now()
+        for b in j_batches[k:k + slice_batches]:
+            journal.append_many(agent_id, b)
+        t1 = C.now()
+        for rows in r_batches[k:k + slice_batches]:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(INSERT, rows)
+            conn.execute("COMMIT")
+        t2 = C.now()
+        tj += t1 - t0
+        tr += t2 - t1
+    conn.close()
+    return n * batch / tj, n * batch / tr
+
+
+def main() -> int:
+    args = C.parser(__doc__.splitlines()[0]).parse_args()
+    reps = 3 if args.quick else 5
+    per_thread = 150 if args.quick else 300
+    many_total = 5000 if args.quick else 10000
+
+    data_dir = C.make_data_dir("append")
+    try:
+        C.setup_django(data_dir)
+        from django.conf import settings
+        from django.db import connection
+
+        db_path = str(settings.DATABASES["default"]["NAME"])
+        with connection.cursor() as cur:  # the settings we compare at
+            cur.execute("PRAGMA journal_mode")
+            jm = cur.fetchone()[0]
+            cur.execute("PRAGMA synchronous")
+            sync = cur.fetchone()[0]
+        assert jm == "wal" and sync == 2, f"journal_mode={jm} synchronous={sync}: expected wal / 2 (FULL)"
+
+        j_agents = C.make_agents(AGENTS)
+        r_agents = C.make_agents(AGENTS)
+        many_agent = C.make_agents(1)[0]
+        raw_many_agent = C.make_agents(1)[0]
+        raw_writers = [RawWriter(db_path, a) for a in r_agents]
+        raw_many = RawWriter(db_path, raw_many_agent)
+        raw_b8 = RawWriter(db_path, C.make_agents(1)[0])
+        raw_same = RawWriter(db_path, C.make_agents(1)[0])
+
+        j1, rs, r8, r1, all_sizes = [], [], [], [], []
+        jm_, rm_ = [], []
+        many_seq = 0
+        # warm-up (page cache, first connection) — not measured
+        many_interleaved(many_agent, db_path, raw_many, 200, 100, many_seq)
+        many_seq += 200
+        for _ in range(reps):
+            batch_sizes: list[int] = []
+            j1.append(journal_threads_singles(j_agents, per_thread, batch_sizes))
+            all_sizes.extend(batch_sizes)
+            rs.append(raw_batched(db_path, raw_same, 0, batch_sizes))
+            r8.append(raw_batched(db_path, raw_b8, THREADS * per_thread, THREADS))
+            r1.append(raw_threads_singles(db_path, raw_writers, max(25, per_thread // 3)))  # info only: keep it short
+            jm, rm = many_interleaved(many_agent, db_path, raw_many, many_total, 100, many_seq)
+            many_seq += many_total
+            jm_.append(jm)
+            rm_.append(rm)
+        connection.close()
+
+        # sanity: the journal's transcripts are gapless
+        from sessions.models import Agent, Event
+
+        for a in j_agents + [many_agent]:
+            head = Agent.objects.get(pk=a).last_seq
+            n = Event.objects.filter(agent_id=a).count()
+            assert head == n, f"{a}: head {head} != {n} rows"
+
+        mean_batch = sum(all_sizes) / len(all_sizes)
+        j1m, rsm, r8m, r1m, jmm, rmm = map(C.median, (j1, rs, r8, r1, jm_, rm_))
+        # Ratios are medians of per-repetition ratios (each journal run against
+        # the raw run right after it), which cancels most of a noisy disk's drift.
+        def ratio(a, b):
+            return C.median([x / y for x, y in zip(a, b)])
+
+        runs = lambda xs: ", ".join(f"{x:,.0f}" for x in xs)  # noqa: E731
+        rows = [
+            C.row(
+                "append: 8 threads x append(1 fact), FULL",
+                j1m, rsm, ratio(j1, rs), f">= {TARGET}x raw, same txns", ratio(j1, rs) >= TARGET, "rows/s",
+                f"medians of {reps}; journal runs {runs(j1)}; committer formed {mean_batch:.1f} rows/commit "
+                f"on average; raw executemany in the same batch sizes: {runs(rs)}",
+            ),
+            C.row(
+                "append: same, vs raw 8 rows/txn (ideal)",
+                j1m, r8m, ratio(j1, r8), "info", "info", "rows/s",
+                f"raw executemany, 8 rows per transaction, one thread: {runs(r8)}",
+            ),
+            C.row(
+                "append: group commit vs raw 1 row/txn, 8 threads",
+                j1m, r1m, ratio(j1, r1), "info (> 1x)", "info", "rows/s",
+                f"raw sqlite3, 8 threads, one row per transaction: {runs(r1)}",
+            ),
+            C.row(
+                "append: append_many(100), FULL",
+                jmm, rmm, ratio(jm_, rm_), f">= {TARGET}x raw 100/txn", ratio(jm_, rm_) >= TARGET, "rows/s",
+                f"journal runs {runs(jm_)}; raw 100 rows/txn runs {runs(rm_)}",
+            ),
+        ]
+        C.emit(rows, args)
+        return 0
+    finally:
+        C.cleanup(data_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Wiring: session, provider, tools, runner, socket server, signals."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from . import config as cfg
+from .hooks import Hooks
+from .ops import Ops
+from .providers import make_provider
+from .requests import Requests
+from .runner import SYSTEM_PROMPT, Runner
+from .server import BridgeServer
+from .session import Session, SessionFile, SessionLocked, new_state
+from .tools import ToolContext, ToolLimits, schemas
+
+log = logging.getLogger("bridge")
+
+EXIT_CONFIG = 2
+EXIT_LOCKED = 3
+
+
+def main(argv=None) -> int:
+    args = cfg.parse_args(argv)
+    Path(args.run_dir).mkdir(parents=True, exist_ok=True)
+    _setup_logging(args.run_dir)
+    try:
+        config = cfg.load_config(args.run_dir, args.config)
+        provider = make_provider(config, os.environ)
+    except (ValueError, OSError) as exc:
+        log.error("bad configuration: %s", exc)
+        return EXIT_CONFIG
+    file = SessionFile(args.home)
+    try:
+        file.acquire()
+    except SessionLocked as exc:
+        log.error("%s: refusing to run the session twice", exc)
+        return EXIT_LOCKED
+    return _serve(args, config, provider, file)
+
+
+def _serve(args, config: dict, provider, file: SessionFile) -> int:
+    state = file.load()
+    resumed = state is not None
+    session = Session(file, state or new_state())
+    seed = cfg.load_seed(args.seed) if args.seed and not resumed else None
+    if args.seed and resumed:
+        log.info("ignoring --seed: %s already holds a session", file.path)
+    requests = Requests()
+    runner = _make_runner(args, config, provider, session, requests)
+    runner.resume(resumed, "resume" if resumed or seed else "startup")
+    if seed:
+        runner.seed(*seed)
+    stop = threading.Event()
+    server = BridgeServer(os.path.join(args.run_dir, "bridge.sock"), Ops(session, runner, requests, stop.set))
+    threading.Thread(target=server.serve_forever, name="server", daemon=True).start()
+    runner.start()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("bridge serving %s (model %s, %s session %s, head %d)", server.server_address,
+             provider.label, "resumed" if resumed else "new", session.state["session_id"], session.head())
+    while not stop.wait(1.0):
+        pass
+    return _shutdown(runner, server)
+
+
+def _make_runner(args, config, provider, session, requests) -> Runner:
+    secrets = cfg.secret_env_names(config)
+    tool_env = {k: v for k, v in os.environ.items() if k not in secrets}
+    limits = config.get("limits") or {}
+    tool_limits = ToolLimits(**{k: float(limits[k]) for k in
+                                ("bash_timeout", "bash_timeout_max", "request_timeout") if k in limits})
+    ctx = ToolContext(home=args.home, run_dir=args.run_dir, env=tool_env, requests=requests,
+                      emit=lambda *_: None, limits=tool_limits)
+    return Runner(session, provider, ctx, schemas(config.get("tools")),
+                  Hooks(config.get("hooks"), args.home, tool_env),
+                  max_steps=int(limits.get("max_steps") or 50),
+                  system=config.get("system") or SYSTEM_PROMPT)
+
+
+def _shutdown(runner: Runner, server: BridgeServer) -> int:
+    log.info("bridge shutting down")
+    runner.stop()
+    server.shutdown()
+    server.server_close()
+    try:
+        os.unlink(server.server_address)
+    except OSError:
+        pass
+    runner.thread.join(timeout=10)
+    return 0
+
+
+def _setup_logging(run_dir: str) -> None:
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(threadName)s %(message)s")
+    logger = logging.getLogger("bridge")
+    logger.setLevel(logging.INFO)
+    for handler in (logging.FileHandler(os.path.join(run_dir, "bridge.log")),
+                    logging.StreamHandler(sys.stderr)):
+        handler.setFormatter(fmt)
+        logger.addHandler(handler)

@@ -1,0 +1,69 @@
+"""Configuration: command line and environment for places, RUN_DIR/config.json
+(written by the control plane) for the agent. Secrets never come from here:
+the config names the environment variables that hold them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+DEFAULTS = {
+    "agent_id": None,
+    "model": "demo",
+    "provider": {},       # base_url_env, api_key_env, timeout, max_tokens
+    "tools": None,        # None = all tools
+    "hooks": {},          # session_start, pre_tool_use, stop: shell commands
+    "limits": {},         # bash_timeout, bash_timeout_max, request_timeout, max_steps
+    "system": None,       # system prompt override
+}
+
+SECRET_ENV_DEFAULTS = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bridge", description="Alineo's in-sandbox agent bridge")
+    p.add_argument("--run-dir", default=os.environ.get("ALINEO_RUN_DIR"),
+                   help="holds bridge.sock, config.json, bridge.log (env ALINEO_RUN_DIR)")
+    p.add_argument("--home", default=os.environ.get("HOME"),
+                   help="the agent's home; the session file is HOME/.alineo/session.json")
+    p.add_argument("--config", help="config file (default RUN_DIR/config.json)")
+    p.add_argument("--seed", help="JSON file with a conversation to start a fresh session from")
+    args = p.parse_args(argv)
+    if not args.run_dir or not args.home:
+        p.error("--run-dir (or ALINEO_RUN_DIR) and --home (or HOME) are required")
+    args.run_dir = str(Path(args.run_dir).resolve())
+    args.home = str(Path(args.home).resolve())
+    return args
+
+
+def load_config(run_dir: str, path: str | None = None) -> dict:
+    config_path = Path(path) if path else Path(run_dir) / "config.json"
+    config = dict(DEFAULTS)
+    if config_path.exists():
+        with open(config_path, encoding="utf-8") as fh:
+            loaded = json.load(fh)
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{config_path}: the config must be a JSON object")
+        config.update(loaded)
+    return config
+
+
+def secret_env_names(config: dict) -> set[str]:
+    """Environment variables that hold model credentials: kept from tools' env."""
+    kind = (config.get("model") or "demo").partition(":")[0]
+    names = {SECRET_ENV_DEFAULTS[kind]} if kind in SECRET_ENV_DEFAULTS else set()
+    key_env = (config.get("provider") or {}).get("api_key_env")
+    if key_env:
+        names.add(key_env)
+    return names
+
+
+def load_seed(path: str) -> tuple[list, int | None]:
+    """A seed file is a list of messages, or {"messages": [...], "turns": N}."""
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    if isinstance(data, dict):
+        return data.get("messages"), data.get("turns")
+    return data, None

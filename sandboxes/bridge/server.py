@@ -1,0 +1,84 @@
+"""The unix socket: JSON lines in, one JSON line out per request.
+
+Each connection is served by its own thread, requests on one connection in
+order (a long-polling `events` holds only its own connection). A client going
+away never affects turns: they belong to the runner thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socketserver
+
+from .ops import OpError, Ops
+
+log = logging.getLogger("bridge")
+
+#: sun_path is 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH = 107
+#: A request line may hold a whole seed conversation.
+MAX_LINE = 64 * 1024 * 1024
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        ops: Ops = self.server.ops
+        while True:
+            try:
+                line = self.rfile.readline(MAX_LINE)
+            except OSError:
+                return
+            if not line:
+                return
+            if not line.strip():
+                continue
+            response = _respond(ops, line)
+            try:
+                self.wfile.write(json.dumps(response, ensure_ascii=False).encode("utf-8") + b"\n")
+                self.wfile.flush()
+            except OSError:
+                return  # the client left; nothing else depends on it
+            finally:
+                ops.after_response()
+
+
+def _respond(ops: Ops, line: bytes) -> dict:
+    try:
+        req = json.loads(line)
+    except ValueError:
+        return _error(None, "bad_json", "the request line is not JSON")
+    if not isinstance(req, dict):
+        return _error(None, "bad_request", "a request is a JSON object")
+    rid = req.get("id")
+    try:
+        return {"id": rid, "ok": True, **ops.handle(req)}
+    except OpError as exc:
+        return _error(rid, exc.code, str(exc), **exc.extra)
+    except Exception as exc:  # noqa: BLE001 - answer, log, keep serving
+        log.exception("op %r failed", req.get("op"))
+        return _error(rid, "internal", f"{type(exc).__name__}: {exc}")
+
+
+def _error(rid, code: str, message: str, **extra) -> dict:
+    return {"id": rid, "ok": False, "error": {"code": code, "message": message, **extra}}
+
+
+class BridgeServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    allow_reuse_address = False
+
+    def __init__(self, path: str, ops: Ops):
+        if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+            raise ValueError(f"socket path is {len(os.fsencode(path))} bytes; AF_UNIX allows {MAX_SOCKET_PATH}")
+        # A socket left by a dead bridge refuses connections: replace it. The
+        # session lock, taken before this, guarantees no live bridge owns it.
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        self.ops = ops
+        super().__init__(path, _Handler)
+        # The control plane may run as another user than the sandbox's.
+        os.chmod(path, 0o666)

@@ -1,0 +1,216 @@
+"""The JSON API (BRIEF 5.2). Views only read: every write goes through
+sessions.commands (idempotent, one transaction) and every event read through
+sessions.journal. The SSE stream is routed in asgi.py, before Django."""
+
+from __future__ import annotations
+
+import re
+
+from django.conf import settings
+from django.db.models import Q
+from django.http import JsonResponse
+from django.views import defaults
+from django.views.decorators.csrf import csrf_exempt
+
+from .. import commands, journal
+from ..models import Agent, AgentStatus, iso_ts
+from .auth import visible_agent
+from .errors import ApiError, error_response, not_found
+from .handler import api_view, idempotency_key, json_body, outcome_response, query_int
+
+_AGENT_ID = re.compile(r"[A-Za-z0-9_-]{1,32}")
+
+
+def _agent(user, agent_id: str) -> Agent:
+    """The agent if the user may see it; another workspace's agent is a 404 too."""
+    agent = visible_agent(user, agent_id) if _AGENT_ID.fullmatch(agent_id) else None
+    if agent is None:
+        raise not_found("agent")
+    return agent
+
+
+def _status(agent: Agent) -> tuple[str, str]:
+    """Status and reason, honest even when the database could not take an unrecoverable mark."""
+    reason = journal.unrecoverable_reason(agent.id)
+    if reason:
+        return AgentStatus.UNRECOVERABLE.value, reason
+    return agent.status, agent.status_reason
+
+
+def _summary(agent: Agent, children: list[str]) -> dict:
+    status, reason = _status(agent)
+    return {
+        "id": agent.id,
+        "name": agent.spec.get("name", "") if isinstance(agent.spec, dict) else "",
+        "status": status,
+        "status_reason": reason,
+        "sandbox_id": agent.sandbox_id or None,
+        "parent": agent.parent_id,
+        "children": children,
+        "last_seq": agent.last_seq,
+        "created_at": iso_ts(agent.created_at),
+    }
+
+
+def _children_of(ids: list[str]) -> dict[str, list[str]]:
+    """Children ids for each agent in one query (the tree without N+1)."""
+    out: dict[str, list[str]] = {i: [] for i in ids}
+    rows = (
+        Agent.objects.filter(parent_id__in=ids)
+        .order_by("created_at", "id")
+        .values_list("parent_id", "id")
+    )
+    for parent_id, child_id in rows:
+        out[parent_id].append(child_id)
+    return out
+
+
+# --- /api/agents -------------------------------------------------------------------
+
+
+@api_view("GET", "POST")
+def agents(request, user):
+    if request.method == "POST":
+        return outcome_response(commands.spawn(user, json_body(request), idempotency_key(request)))
+    return _agent_list(request, user)
+
+
+def _agent_list(request, user) -> JsonResponse:
+    """A page of the user's agents, oldest first; `?after=<agent id>` continues a page."""
+    limit = query_int(request, "limit", minimum=1, maximum=settings.ALINEO_PAGE_LIMIT_MAX)
+    limit = limit or settings.ALINEO_PAGE_LIMIT_DEFAULT
+    rows = Agent.objects.filter(workspace__members=user).order_by("created_at", "id")
+    after = request.GET.get("after")
+    if after is not None:
+        cursor = visible_agent(user, after) if _AGENT_ID.fullmatch(after) else None
+        if cursor is None:
+            raise ApiError(400, "after.invalid", "after must be the id of an agent you can see.")
+        rows = rows.filter(
+            Q(created_at__gt=cursor.created_at) | Q(created_at=cursor.created_at, id__gt=cursor.id)
+        )
+    page = list(rows[: limit + 1])
+    has_more, page = len(page) > limit, page[:limit]
+    children = _children_of([a.id for a in page])
+    return JsonResponse(
+        {
+            "agents": [_summary(a, children[a.id]) for a in page],
+            "has_more": has_more,
+            "next_after": page[-1].id if page else after,
+        }
+    )
+
+
+@api_view("GET")
+def agent_detail(request, user, agent_id: str):
+    agent = _agent(user, agent_id)
+    body = _summary(agent, _children_of([agent.id])[agent.id])
+    body["spec"] = agent.spec
+    body["workspace"] = agent.workspace.name
+    try:
+        state = journal.replay(agent.id)
+    except journal.Unrecoverable as exc:
+        # replay() has marked the agent; show it as it now is rather than fail the page.
+        body.update(
+            status=AgentStatus.UNRECOVERABLE.value,
+            status_reason=str(exc),
+            current_turn=None,
+            turns=None,
+        )
+        return JsonResponse(body)
+    body.update(current_turn=state["current_turn"], turns=state["turns"])
+    return JsonResponse(body)
+
+
+# --- commands ------------------------------------------------------------------------
+
+
+@api_view("POST")
+def agent_command(request, user, agent_id: str, verb: str):
+    agent = _agent(user, agent_id)
+    outcome = commands.send(user, agent.id, verb, json_body(request), idempotency_key(request))
+    return outcome_response(outcome)
+
+
+# --- transcript pages ---------------------------------------------------------------------
+
+
+@api_view("GET")
+def agent_events(request, user, agent_id: str):
+    """A page of the transcript: `?after=S` forward (seq > S) or `?before=S` backward."""
+    agent = _agent(user, agent_id)
+    after, before = query_int(request, "after"), query_int(request, "before")
+    if after is not None and before is not None:
+        raise ApiError(400, "cursor.conflict", "Give after or before, not both.")
+    limit = query_int(request, "limit", minimum=1, maximum=settings.ALINEO_PAGE_LIMIT_MAX)
+    limit = limit or settings.ALINEO_PAGE_LIMIT_DEFAULT
+    if before is not None:
+        page = journal.page_before(agent.id, before, limit)
+        cursor = {"next_before": page.first_seq if page.events else before}
+    else:
+        after = after or 0
+        page = journal.page_after(agent.id, after, limit)
+        cursor = {"next_after": page.last_seq if page.events else after}
+    return JsonResponse(
+        {
+            "events": [e.as_dict() for e in page.events],
+            "head": page.head,
+            "has_more": page.has_more,
+            **cursor,
+        }
+    )
+
+
+# --- not yet built (checkpoints and fork land with their issue) ----------------------
+
+
+@api_view("GET")
+def agent_checkpoints(request, user, agent_id: str):
+    _agent(user, agent_id)
+    return error_response(501, "not_implemented", "Checkpoint listing is not implemented yet.")
+
+
+@api_view("POST")
+def agent_fork(request, user, agent_id: str):
+    _agent(user, agent_id)
+    commands.check_key(idempotency_key(request))
+    return error_response(501, "not_implemented", "Forking an agent is not implemented yet.")
+
+
+@csrf_exempt
+def api_not_found(request, rest: str = ""):
+    """Every other /api/ path: a JSON 404, never Django's HTML page."""
+    return error_response(404, "api.not_found", f"No API endpoint at {request.path[:200]}.")
+
+
+# --- site-wide error handlers, for alineo_site/urls.py ---------------------------------
+# Routed /api/ paths already answer JSON; these cover what fails before a view
+# runs (a middleware, a disallowed Host). Wire them in alineo_site/urls.py:
+#   handler400 = "sessions.api.views.handler400"  (and 403, 404, 500 alike)
+
+
+def _is_api(request) -> bool:
+    return request.path.startswith("/api/")
+
+
+def handler400(request, exception=None):
+    if _is_api(request):
+        return error_response(400, "request.invalid", "The request was refused as malformed.")
+    return defaults.bad_request(request, exception)
+
+
+def handler403(request, exception=None):
+    if _is_api(request):
+        return error_response(403, "forbidden", "This request is not allowed.")
+    return defaults.permission_denied(request, exception)
+
+
+def handler404(request, exception=None):
+    if _is_api(request):
+        return api_not_found(request)
+    return defaults.page_not_found(request, exception)
+
+
+def handler500(request):
+    if _is_api(request):
+        return error_response(500, "server.error", "An unexpected error occurred.")
+    return defaults.server_error(request)

@@ -1,0 +1,42 @@
+"""`manage.py issue_token USERNAME [--label L]`: print a new API token.
+
+Only the token goes to stdout, so scripts can do TOKEN=$(… issue_token bob).
+The token is shown once: only its SHA-256 is stored.
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+
+from sessions.models import ApiToken, Workspace
+
+from .ensure_admin import DEFAULT_WORKSPACE
+
+LABEL_MAX = ApiToken._meta.get_field("label").max_length
+
+
+class Command(BaseCommand):
+    help = "Print a new API token for USERNAME (Authorization: Bearer <token>)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("username")
+        parser.add_argument("--label", default="", help="A note to tell tokens apart (e.g. 'ci').")
+
+    def handle(self, *args, username, label, **options):
+        if len(label) > LABEL_MAX:
+            raise CommandError(f"--label is longer than {LABEL_MAX} characters.")
+        user = get_user_model().objects.filter(username=username).first()
+        if user is None:
+            raise CommandError(f"No user named {username!r}. Create one with `manage.py createsuperuser`.")
+        if not user.is_active:
+            raise CommandError(f"User {username!r} is inactive: a token for it would not authenticate.")
+        with transaction.atomic():
+            if not Workspace.objects.filter(members=user).exists():
+                # A token for a user in no workspace would see nothing at all.
+                workspace, _ = Workspace.objects.get_or_create(name=DEFAULT_WORKSPACE)
+                workspace.members.add(user)
+                self.stderr.write(f"{username} was in no workspace: added to '{workspace.name}'.")
+            _, raw = ApiToken.issue(user, label=label)
+        self.stdout.write(raw)

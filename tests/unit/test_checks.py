@@ -1,0 +1,70 @@
+"""The system checks in alineo_site.checks fire on misconfiguration and stay
+quiet on the defaults. run_checks() also proves they are registered."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.checks import run_checks
+from django.test import override_settings
+
+IN_MEMORY = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+REDIS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [{"address": "redis://127.0.0.1:6379"}]},
+    }
+}
+
+
+def alineo_ids() -> set[str]:
+    return {m.id for m in run_checks() if (m.id or "").startswith("alineo.")}
+
+
+def with_engine(engine: str) -> dict:
+    from django.conf import settings
+
+    return {"default": {**settings.DATABASES["default"], "ENGINE": engine}}
+
+
+def test_defaults_raise_nothing():
+    with override_settings(ALINEO_WORKERS=1, CHANNEL_LAYERS=IN_MEMORY, ALINEO_SANDBOX="auto"):
+        assert alineo_ids() == set()
+
+
+def test_several_workers_on_the_in_memory_layer_warn():
+    with override_settings(ALINEO_WORKERS=3, CHANNEL_LAYERS=IN_MEMORY):
+        assert "alineo.W001" in alineo_ids()
+
+
+def test_several_workers_on_redis_do_not_warn_about_the_layer():
+    with override_settings(ALINEO_WORKERS=3, CHANNEL_LAYERS=REDIS):
+        assert "alineo.W001" not in alineo_ids()
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_several_workers_on_sqlite_warn():
+    with override_settings(ALINEO_WORKERS=2, DATABASES=with_engine("django.db.backends.sqlite3")):
+        assert "alineo.W002" in alineo_ids()
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_an_unsupported_database_is_an_error():
+    with override_settings(DATABASES=with_engine("django.db.backends.mysql")):
+        assert "alineo.E001" in alineo_ids()
+
+
+@pytest.mark.parametrize("choice", ["auto", "docker", "local"])
+def test_known_sandbox_choices_pass(choice):
+    with override_settings(ALINEO_SANDBOX=choice):
+        assert "alineo.E002" not in alineo_ids()
+
+
+def test_an_unknown_sandbox_choice_is_an_error():
+    with override_settings(ALINEO_SANDBOX="kubernetes"):
+        assert "alineo.E002" in alineo_ids()
+
+
+@pytest.mark.parametrize("every", [0, -5])
+def test_snapshot_interval_below_one_is_an_error(every):
+    with override_settings(ALINEO_SNAPSHOT_EVERY=every):
+        assert "alineo.E003" in alineo_ids()
