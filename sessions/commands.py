@@ -21,7 +21,7 @@ from functools import partial
 from typing import Any, Callable
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 
 from . import journal, specs, wakeups
 from .api.auth import default_workspace, visible_agent
@@ -92,7 +92,12 @@ def send(user, agent_id: str, verb: str, body: Any, key: str | None = None) -> O
         payload = {"reason": _reason(body["reason"])} if "reason" in body else {}
     digest = request_hash(verb, agent_id, body)
     act = partial(_send, user, agent_id, verb, payload, key, digest)
-    return _execute(user, key, digest, act)
+    try:
+        return _execute(user, key, digest, act)
+    except DatabaseError as exc:
+        if not isinstance(exc, IntegrityError) and isinstance(agent_id, str):
+            journal.note_unwritable(agent_id, exc)
+        raise
 
 
 def request_hash(verb: str, target: str | None, body: dict) -> str:
@@ -286,9 +291,10 @@ def _locked(user, agent_id: Any, what: str) -> Agent:
 
 
 def _refuse_if_ended(agent: Agent) -> None:
-    reason = journal.unrecoverable_reason(agent.id)
-    status = AgentStatus.UNRECOVERABLE if reason else agent.status
-    why = f": {reason or agent.status_reason}" if (reason or agent.status_reason) else ""
+    # Only the stored status ends an agent: an in-memory "cannot write" mark
+    # clears itself with the next append that succeeds, so the write is tried.
+    status = agent.status
+    why = f": {agent.status_reason}" if agent.status_reason else ""
     keep = "Its transcript and checkpoints are kept; spawn or fork a new agent to go on."
     if status == AgentStatus.STOPPED:
         raise CommandRefused(

@@ -101,7 +101,7 @@ def append_many(agent_id: str, facts: Iterable[Fact]) -> list[EventRecord]:
         return []
     if connection.in_atomic_block:
         records = _write(agent_id, items)
-        transaction.on_commit(lambda: wakeups.notify([agent_id]))
+        transaction.on_commit(lambda: _committed([agent_id]))
         return records
     return _committer.submit(agent_id, items)
 
@@ -253,13 +253,15 @@ class _GroupCommitter:
         except (JournalError, IntegrityError, DatabaseError) as exc:
             if len(batch) == 1:
                 batch[0].error = _translate(exc)
+                if isinstance(batch[0].error, JournalUnavailable):
+                    note_unwritable(batch[0].agent_id, exc)
             else:  # one bad request must not fail the others: retry them one by one
                 for req in batch:
                     req.result, req.error = None, None
                     self._commit([req])
                 return
         else:
-            wakeups.notify(sorted({req.agent_id for req in batch}))
+            _committed(sorted({req.agent_id for req in batch}))
         for req in batch:
             req.done = True
 
@@ -408,6 +410,25 @@ def mark_unrecoverable(agent_id: str, reason: str) -> None:
     except DatabaseError:
         _unwritable_marks[agent_id] = reason
     log.error("agent %s is unrecoverable: %s", agent_id, reason)
+
+
+def note_unwritable(agent_id: str, exc: BaseException) -> None:
+    """The agent's transcript could not be appended to. Unless it was only a lock
+    timeout, the agent is unrecoverable until a later append succeeds: it must
+    never look fine while its facts cannot be kept."""
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return
+    # Only in memory: the database has just refused a write.
+    _unwritable_marks[agent_id] = f"the transcript cannot be written: {text}"
+    log.error("agent %s is unrecoverable: %s", agent_id, _unwritable_marks[agent_id])
+
+
+def _committed(agent_ids: list[str]) -> None:
+    for agent_id in agent_ids:
+        if _unwritable_marks.pop(agent_id, None) is not None:
+            log.warning("agent %s: the transcript is writable again", agent_id)
+    wakeups.notify(agent_ids)
 
 
 def unrecoverable_reason(agent_id: str) -> str | None:

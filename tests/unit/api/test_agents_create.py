@@ -221,14 +221,14 @@ def test_wake_worker_sends_to_the_worker_channel(settings):
         async def send(self, channel, message):
             sent.append((channel, message))
 
-    with mock.patch.object(commands, "get_channel_layer", return_value=Layer()):
+    with mock.patch.object(wakeups, "get_channel_layer", return_value=Layer()):
         commands.wake_worker([7])
     assert sent == [(settings.ALINEO_WORKER_CHANNEL, {"type": "command.pending", "command": 7})]
 
 
 def test_a_failing_wake_up_never_fails_the_request(api, django_capture_on_commit_callbacks):
     with (
-        mock.patch.object(commands, "get_channel_layer", side_effect=RuntimeError("layer down")),
+        mock.patch.object(wakeups, "get_channel_layer", side_effect=RuntimeError("layer down")),
         django_capture_on_commit_callbacks(execute=True),
     ):
         response = api.post("/api/agents", {})
@@ -244,7 +244,7 @@ def test_wake_up_reaches_the_worker_on_the_serving_loop(settings):
     layer = InMemoryChannelLayer()
     try:
         with (
-            mock.patch.object(commands, "get_channel_layer", return_value=layer),
+            mock.patch.object(wakeups, "get_channel_layer", return_value=layer),
             mock.patch.object(wakeups, "_loop", loop),
         ):
             commands.wake_worker([9])

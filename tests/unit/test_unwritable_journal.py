@@ -1,0 +1,51 @@
+"""When the transcript cannot be written the agent says so, nothing is half
+written, and it comes back by itself once the database takes writes again."""
+
+import json
+
+import pytest
+from django.db import connection
+
+from sessions import journal
+from sessions.models import Command, Event
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _prompt(client, token, agent_id, key):
+    return client.post(
+        f"/api/agents/{agent_id}/prompt",
+        data=json.dumps({"text": "hello"}),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {token}",
+        HTTP_IDEMPOTENCY_KEY=key,
+    )
+
+
+def _get(client, token, agent_id):
+    return client.get(f"/api/agents/{agent_id}", HTTP_AUTHORIZATION=f"Bearer {token}").json()
+
+
+def test_unwritable_log_marks_the_agent_and_recovers(client, owner_token, agent):
+    journal.append(agent.id, "agent.spawned", {"parent": None})
+    with connection.cursor() as cur:
+        cur.execute("PRAGMA query_only = ON")  # every write now fails: "readonly database"
+    try:
+        response = _prompt(client, owner_token, agent.id, "k1")
+        assert response.status_code == 503
+        assert response.json()["code"] == "server.unavailable"
+        shown = _get(client, owner_token, agent.id)
+        assert shown["status"] == "unrecoverable"
+        assert "cannot be written" in shown["status_reason"]
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("PRAGMA query_only = OFF")
+    assert Event.objects.filter(agent=agent).count() == 1  # nothing half-written
+    assert Command.objects.count() == 0
+
+    response = _prompt(client, owner_token, agent.id, "k1")  # the same key, retried
+    assert response.status_code == 202
+    shown = _get(client, owner_token, agent.id)
+    assert shown["status"] != "unrecoverable"
+    assert [e.type for e in journal.page_after(agent.id, 0, 10).events] == ["agent.spawned", "command.prompt"]
+    journal._unwritable_marks.clear()
