@@ -57,13 +57,15 @@ def _serve(args, config: dict, provider, file: SessionFile) -> int:
     if seed:
         runner.seed(*seed)
     stop = threading.Event()
-    server = BridgeServer(os.path.join(args.run_dir, "bridge.sock"), Ops(session, runner, requests, stop.set))
+    ops = Ops(session, runner, requests, stop.set)
+    server = BridgeServer(os.path.join(args.run_dir, "bridge.sock"), ops)
     threading.Thread(target=server.serve_forever, name="server", daemon=True).start()
     runner.start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    log.info("bridge serving %s (model %s, %s session %s, head %d)", server.server_address,
-             provider.label, "resumed" if resumed else "new", session.state["session_id"], session.head())
+    log.info("bridge serving %s (model %s, %s session %s, head %d)",
+             server.server_address, provider.label, "resumed" if resumed else "new",
+             session.state["session_id"], session.head())
     while not stop.wait(1.0):
         pass
     return _shutdown(runner, server)
@@ -73,10 +75,12 @@ def _make_runner(args, config, provider, session, requests) -> Runner:
     secrets = cfg.secret_env_names(config)
     tool_env = {k: v for k, v in os.environ.items() if k not in secrets}
     limits = config.get("limits") or {}
-    tool_limits = ToolLimits(**{k: float(limits[k]) for k in
-                                ("bash_timeout", "bash_timeout_max", "request_timeout") if k in limits})
+    names = ("bash_timeout", "bash_timeout_max", "request_timeout")
+    tool_limits = ToolLimits(**{k: float(limits[k]) for k in names if k in limits})
+    enabled = config.get("tools")
     ctx = ToolContext(home=args.home, run_dir=args.run_dir, env=tool_env, requests=requests,
-                      emit=lambda *_: None, limits=tool_limits)
+                      emit=lambda *_: None, limits=tool_limits,
+                      enabled=frozenset(enabled) if enabled is not None else None)
     return Runner(session, provider, ctx, schemas(config.get("tools")),
                   Hooks(config.get("hooks"), args.home, tool_env),
                   max_steps=int(limits.get("max_steps") or 50),

@@ -12,7 +12,9 @@ is answered by a tool message before the next user or assistant message.
 
 from __future__ import annotations
 
-INTERRUPTED_OUTPUT = "[interrupted: this tool call did not finish ({reason}); its side effects are unknown]"
+INTERRUPTED_OUTPUT = (
+    "[interrupted: this tool call did not finish ({reason}); its side effects are unknown]"
+)
 
 
 def user(text: str, kind: str = "prompt") -> dict:
@@ -96,11 +98,11 @@ def _normalize(i: int, m: dict) -> dict:
     if m["role"] == "assistant":
         calls = m.get("tool_calls") or []
         for c in calls:
-            if not (isinstance(c, dict) and isinstance(c.get("id"), str) and isinstance(c.get("name"), str)):
+            if not (isinstance(c, dict) and isinstance(c.get("id"), str)
+                    and isinstance(c.get("name"), str)):
                 raise ValueError(f"messages[{i}].tool_calls: each needs an id and a name")
-        return assistant(str(m.get("text") or ""),
-                         [{"id": c["id"], "name": c["name"], "input": c.get("input") or {}} for c in calls],
-                         bool(m.get("interrupted")))
+        calls = [{"id": c["id"], "name": c["name"], "input": c.get("input") or {}} for c in calls]
+        return assistant(str(m.get("text") or ""), calls, bool(m.get("interrupted")))
     if not isinstance(m.get("tool_call_id"), str):
         raise ValueError(f"messages[{i}].tool_call_id must be a string")
     call = {"id": m["tool_call_id"], "name": str(m.get("name") or "")}

@@ -33,7 +33,8 @@ class Verdict:
 
 class Hooks:
     def __init__(self, config: dict, home: str, env: dict):
-        self.commands = {k: v for k, v in (config or {}).items() if isinstance(v, str) and v.strip()}
+        self.commands = {k: v for k, v in (config or {}).items()
+                         if isinstance(v, str) and v.strip()}
         self.home = home
         self.env = env
 

@@ -87,7 +87,8 @@ class Ops:
         bridge starts again at 1) — both are errors, never silent gaps."""
         state = self.session.state
         if after < state["acked"]:
-            raise OpError("cursor_pruned", f"events up to {state['acked']} were acknowledged and dropped",
+            raise OpError("cursor_pruned",
+                          f"events up to {state['acked']} were acknowledged and dropped",
                           acked=state["acked"], session_id=state["session_id"])
         if after > self.session.head():
             raise OpError("cursor_ahead", f"cursor {after} is past the head {self.session.head()}",

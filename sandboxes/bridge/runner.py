@@ -121,7 +121,8 @@ class Runner:
             self._close_dangling(None, "seeded")
             self.state["turns"] = int(turns) if turns else sum(
                 1 for m in msgs if m["role"] == "user" and m["kind"] == "prompt")
-            self.session.emit("session.seeded", {"messages": len(msgs), "turns": self.state["turns"]})
+            self.session.emit("session.seeded",
+                              {"messages": len(msgs), "turns": self.state["turns"]})
             self.session.commit()
             return {"messages": len(msgs), "turns": self.state["turns"]}
 
@@ -189,7 +190,8 @@ class Runner:
                                      "step": 0, "texts": [], "partial": "", "steers": [],
                                      "started_at": utcnow()}
             self.cancel = CancelToken()
-            self.session.emit("turn.started", {"turn": item["turn"], "command_id": item["command_id"]})
+            self.session.emit("turn.started",
+                              {"turn": item["turn"], "command_id": item["command_id"]})
             self.state["messages"].append(conv.user(item["text"]))
             self.session.emit("message.user", {"turn": item["turn"], "text": item["text"]})
             self.session.commit()
@@ -250,7 +252,8 @@ class Runner:
                 return
             cur["partial"] += text
             self._delta_buf += text
-            if len(self._delta_buf) >= DELTA_CHARS or time.monotonic() - self._delta_at >= DELTA_SECONDS:
+            due = time.monotonic() - self._delta_at >= DELTA_SECONDS
+            if len(self._delta_buf) >= DELTA_CHARS or due:
                 self.session.emit("message.delta", {"turn": turn, "text": self._delta_buf})
                 self._delta_buf, self._delta_at = "", time.monotonic()
                 self.session.commit()
@@ -302,12 +305,13 @@ class Runner:
             return True
 
     def _pre_tool_use(self, turn: int, call: dict) -> ToolOutcome | None:
-        verdict = self._hook("pre_tool_use", {
-            "ALINEO_TOOL_NAME": call["name"], "ALINEO_TOOL_CALL_ID": call["id"],
-            "ALINEO_TOOL_INPUT": json.dumps(call["input"])}, {"turn": turn, "tool_call_id": call["id"]})
+        env = {"ALINEO_TOOL_NAME": call["name"], "ALINEO_TOOL_CALL_ID": call["id"],
+               "ALINEO_TOOL_INPUT": json.dumps(call["input"])}
+        verdict = self._hook("pre_tool_use", env, {"turn": turn, "tool_call_id": call["id"]})
         if verdict is None or verdict.verdict == "allow":
             return None
-        return ToolOutcome(f"denied by the pre_tool_use hook: {verdict.output.strip()[:500]}", 1, True)
+        why = verdict.output.strip()[:500]
+        return ToolOutcome(f"denied by the pre_tool_use hook: {why}", 1, True)
 
     def _record_result(self, turn: int | None, call: dict, outcome: ToolOutcome) -> None:
         msg = conv.tool_result(call, outcome.output, outcome.exit_code, outcome.is_error,

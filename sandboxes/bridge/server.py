@@ -71,7 +71,8 @@ class BridgeServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
     def __init__(self, path: str, ops: Ops):
         if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-            raise ValueError(f"socket path is {len(os.fsencode(path))} bytes; AF_UNIX allows {MAX_SOCKET_PATH}")
+            raise ValueError(f"socket path is {len(os.fsencode(path))} bytes; "
+                             f"AF_UNIX allows {MAX_SOCKET_PATH}")
         # A socket left by a dead bridge refuses connections: replace it. The
         # session lock, taken before this, guarantees no live bridge owns it.
         try:

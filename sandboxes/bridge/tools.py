@@ -93,6 +93,9 @@ class ToolContext:
     #: on_process(pid): a bash command started (its pid is its process group).
     on_process: Callable[[int], None] = lambda pid: None
     limits: ToolLimits = field(default_factory=ToolLimits)
+    #: The tools of the agent's spec (None = all): others are refused, even
+    #: when a model (or the demo's directives) asks for them.
+    enabled: frozenset | None = None
 
 
 def schemas(enabled: list[str] | None) -> list[dict]:
@@ -103,8 +106,8 @@ def schemas(enabled: list[str] | None) -> list[dict]:
 def run_tool(ctx: ToolContext, call: dict, cancel: CancelToken) -> ToolOutcome:
     """Run one tool call; never raises for a tool's own failure."""
     fn = _TOOLS.get(call["name"])
-    if fn is None:
-        return ToolOutcome(f"unknown tool {call['name']!r}", 1, True)
+    if fn is None or (ctx.enabled is not None and call["name"] not in ctx.enabled):
+        return ToolOutcome(f"no tool named {call['name']!r} is available", 1, True)
     args = call.get("input") or {}
     if "__invalid_json__" in args:
         return ToolOutcome("the tool arguments were not valid JSON: "
@@ -246,14 +249,17 @@ def _ask(ctx, call, event_type: str, data: dict, cancel: CancelToken) -> ToolOut
     # The tool call id makes the request id: it is the idempotency key the
     # control plane can use if the same call is ever asked again.
     request_id = f"req-{call['id']}"
-    emit = lambda: ctx.emit(event_type, {"request_id": request_id, "tool_call_id": call["id"], **data})  # noqa: E731
+    event = {"request_id": request_id, "tool_call_id": call["id"], **data}
     try:
-        result = ctx.requests.ask(request_id, emit, cancel=cancel, timeout=ctx.limits.request_timeout)
+        result = ctx.requests.ask(request_id, lambda: ctx.emit(event_type, event),
+                                  cancel=cancel, timeout=ctx.limits.request_timeout)
     except RequestFailed as exc:
         return ToolOutcome(f"{call['name']} failed: {exc}", 1, True)
     except Cancelled:  # the abort handler has already closed this call
         return ToolOutcome("[interrupted: the turn was aborted]", -1, True, True)
-    return ToolOutcome(json.dumps(result, ensure_ascii=False) if not isinstance(result, str) else result)
+    if not isinstance(result, str):
+        result = json.dumps(result, ensure_ascii=False)
+    return ToolOutcome(result)
 
 
 _TOOLS = {"bash": _bash, "read": _read, "write": _write, "edit": _edit,

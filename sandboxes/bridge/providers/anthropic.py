@@ -96,7 +96,7 @@ class _Accumulator:
         kind = event.get("type")
         if kind == "error":
             err = event.get("error") or {}
-            raise ModelError(f"model error: {err.get('type', '')}: {err.get('message', '')}".strip())
+            raise ModelError(f"model error: {err.get('type', '')}: {err.get('message', '')}")
         if kind == "content_block_start":
             self._start(event.get("index", len(self.blocks)), event.get("content_block") or {})
         elif kind == "content_block_delta":

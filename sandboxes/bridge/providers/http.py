@@ -31,7 +31,8 @@ class SSEStream:
                  timeout: float = DEFAULT_TIMEOUT, secret: str | None = None):
         self.url = url
         self.body = json.dumps(body).encode("utf-8")
-        self.headers = {"content-type": "application/json", "accept": "text/event-stream", **headers}
+        self.headers = {"content-type": "application/json", "accept": "text/event-stream",
+                        **headers}
         self.cancel = cancel
         self.timeout = timeout
         self.secret = secret
@@ -56,7 +57,7 @@ class SSEStream:
     def _open(self) -> http.client.HTTPResponse:
         parts = urllib.parse.urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ModelError(f"bad model base URL scheme or host in {parts.scheme}://{parts.hostname}")
+            raise ModelError(f"bad model base URL: {parts.scheme}://{parts.hostname}")
         cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         kwargs = {"context": ssl.create_default_context()} if parts.scheme == "https" else {}
         self.conn = cls(parts.hostname, parts.port, timeout=self.timeout, **kwargs)
@@ -65,13 +66,15 @@ class SSEStream:
         resp = self.conn.getresponse()
         if resp.status >= 400:
             detail = resp.read(2000).decode("utf-8", "replace")
-            raise ModelError(redact(f"model server answered HTTP {resp.status}: {_short(detail)}", self.secret))
+            message = f"model server answered HTTP {resp.status}: {_short(detail)}"
+            raise ModelError(redact(message, self.secret))
         ctype = resp.getheader("content-type") or ""
         if "event-stream" not in ctype:
             # Usually a proxy's login page or a server that ignored stream=true.
             detail = resp.read(2000).decode("utf-8", "replace")
-            raise ModelError(redact(f"model server answered {ctype or 'no content type'} instead of "
-                                    f"an event stream: {_short(detail)}", self.secret))
+            message = (f"model server answered {ctype or 'no content type'} instead of "
+                       f"an event stream: {_short(detail)}")
+            raise ModelError(redact(message, self.secret))
         return resp
 
     def _parse(self, resp) -> Iterator[tuple[str, str]]:

@@ -52,8 +52,9 @@ class OpenAIProvider(Provider):
         body = {"model": self.model, "stream": True, "messages": to_openai(request)}
         if request.tools:
             body["tools"] = [
-                {"type": "function", "function": {"name": t["name"], "description": t["description"],
-                                                  "parameters": t["input_schema"]}}
+                {"type": "function", "function": {
+                    "name": t["name"], "description": t["description"],
+                    "parameters": t["input_schema"]}}
                 for t in request.tools
             ]
         if self.max_tokens:
@@ -107,7 +108,8 @@ class _Accumulator:
             self.finish_reason = choice.get("finish_reason") or self.finish_reason
 
     def _add_call(self, tc: dict) -> None:
-        slot = self.calls.setdefault(tc.get("index", len(self.calls)), {"id": "", "name": "", "args": []})
+        index = tc.get("index", len(self.calls))
+        slot = self.calls.setdefault(index, {"id": "", "name": "", "args": []})
         fn = tc.get("function") or {}
         slot["id"] = tc.get("id") or slot["id"]
         slot["name"] = fn.get("name") or slot["name"]

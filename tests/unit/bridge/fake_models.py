@@ -24,8 +24,10 @@ def openai_events(text_chunks=(), tool_calls=()) -> list[str]:
     out += [json.dumps(openai_chunk({"content": t})) for t in text_chunks]
     for i, (call_id, name, arg_pieces) in enumerate(tool_calls):
         out.append(json.dumps(openai_chunk({"tool_calls": [
-            {"index": i, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}]})))
-        out += [json.dumps(openai_chunk({"tool_calls": [{"index": i, "function": {"arguments": p}}]}))
+            {"index": i, "id": call_id, "type": "function",
+             "function": {"name": name, "arguments": ""}}]})))
+        out += [json.dumps(openai_chunk({"tool_calls": [
+                    {"index": i, "function": {"arguments": p}}]}))
                 for p in arg_pieces]
     out.append(json.dumps(openai_chunk({}, "tool_calls" if tool_calls else "stop")))
     out.append("[DONE]")
@@ -43,12 +45,14 @@ def anthropic_events(text_chunks=(), tool_uses=()) -> list[tuple[str, str]]:
                                            "content_block": {"type": "text", "text": ""}}))
         ev.append(("ping", {"type": "ping"}))
         ev += [("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                        "delta": {"type": "text_delta", "text": t}}) for t in text_chunks]
+                                        "delta": {"type": "text_delta", "text": t}})
+               for t in text_chunks]
         ev.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
         index = 1
     for i, (tool_id, name, json_pieces) in enumerate(tool_uses, start=index):
-        ev.append(("content_block_start", {"type": "content_block_start", "index": i, "content_block": {
-            "type": "tool_use", "id": tool_id, "name": name, "input": {}}}))
+        ev.append(("content_block_start", {
+            "type": "content_block_start", "index": i,
+            "content_block": {"type": "tool_use", "id": tool_id, "name": name, "input": {}}}))
         ev += [("content_block_delta", {"type": "content_block_delta", "index": i,
                                         "delta": {"type": "input_json_delta", "partial_json": p}})
                for p in json_pieces]
@@ -112,9 +116,11 @@ class FakeModelServer:
             def do_POST(self):  # noqa: N802 - http.server's naming
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 with server._lock:
-                    server.requests.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()},
+                    headers = {k.lower(): v for k, v in self.headers.items()}
+                    server.requests.append({"path": self.path, "headers": headers,
                                             "body": json.loads(body)})
-                    response = server.script.pop(0) if server.script else Raw(500, b'{"error":"no script"}')
+                    response = (server.script.pop(0) if server.script
+                                else Raw(500, b'{"error":"no script"}'))
                 response.send(self)
 
             def log_message(self, *args):

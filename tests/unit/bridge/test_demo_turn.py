@@ -12,7 +12,8 @@ from .harness import SANDBOXES, Bridge, types
 
 def test_write_and_run_gives_the_full_event_sequence(make_bridge):
     bridge = make_bridge()
-    events = bridge.client.run_turn("write notes/a.txt: hello\nrun: cat notes/a.txt", command_id="cmd-1")
+    events = bridge.client.run_turn("write notes/a.txt: hello\nrun: cat notes/a.txt",
+                                    command_id="cmd-1")
 
     assert types(events) == [
         "bridge.started", "turn.started", "message.user", "message.assistant",

@@ -27,8 +27,10 @@ def test_an_error_reply_is_a_tool_error(make_bridge):
     client = make_bridge().client
     client.ok("prompt", text="spawn: too many")
     request = client.wait_type("request.spawn")[-1]["data"]
-    client.ok("reply", request_id=request["request_id"], error={"code": "limit", "message": "tree full"})
-    result = next(e["data"] for e in client.wait_type("turn.finished") if e["type"] == "tool.result")
+    client.ok("reply", request_id=request["request_id"],
+              error={"code": "limit", "message": "tree full"})
+    events = client.wait_type("turn.finished")
+    result = next(e["data"] for e in events if e["type"] == "tool.result")
     assert result["is_error"] and "tree full" in result["output"]
 
 
@@ -58,8 +60,10 @@ def test_hooks_run_and_their_verdicts_are_journaled(make_bridge):
     }
     client = make_bridge(config={"model": "demo", "hooks": hooks}).client
     events = client.run_turn("run: echo allowed\nrun: echo forbidden")
-    verdicts = [(e["data"]["hook"], e["data"]["verdict"]) for e in events if e["type"] == "hook.verdict"]
-    assert verdicts == [("session_start", "ok"), ("pre_tool_use", "allow"), ("pre_tool_use", "deny")]
+    verdicts = [(e["data"]["hook"], e["data"]["verdict"])
+                for e in events if e["type"] == "hook.verdict"]
+    assert verdicts == [("session_start", "ok"), ("pre_tool_use", "allow"),
+                        ("pre_tool_use", "deny")]
     assert events[0]["type"] == "bridge.started"
     start = next(e["data"] for e in events if e["type"] == "hook.verdict")
     assert start["output"].strip() == "start=startup" and start["source"] == "startup"

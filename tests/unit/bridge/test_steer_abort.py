@@ -14,7 +14,8 @@ def test_steer_mid_turn_is_delivered_at_the_next_step_boundary(make_bridge):
 
     events = client.wait_type("turn.finished")
     kinds = types(events)
-    assert kinds.index("tool.result") < kinds.index("steer.delivered") < kinds.index("turn.finished")
+    assert (kinds.index("tool.result") < kinds.index("steer.delivered")
+            < kinds.index("turn.finished"))
     assert events[kinds.index("steer.delivered")]["data"] == {"turn": 1, "text": "say: steered"}
     assert events[-1]["data"]["text"] == "[demo] steered"
     steers = [m["text"] for m in bridge.session()["messages"] if m.get("kind") == "steer"]

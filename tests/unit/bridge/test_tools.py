@@ -54,3 +54,25 @@ def test_bad_arguments_are_tool_errors(ctx):
     assert "must be a string" in run(ctx, "write", path="x").output
     assert "not valid JSON" in run(ctx, "bash", __invalid_json__="{oops").output
     assert run(ctx, "teleport").is_error
+
+
+def test_tools_outside_the_spec_are_refused(ctx):
+    ctx.enabled = frozenset({"read"})
+    outcome = run(ctx, "bash", command="touch nope")
+    assert outcome.is_error and "no tool named 'bash'" in outcome.output
+
+
+def test_memory_asks_the_control_plane_and_returns_its_answer(ctx):
+    asked = []
+
+    def emit(type_, data):
+        asked.append((type_, data))
+        answer = (data["request_id"], {"value": "blue"})
+        threading.Timer(0.05, ctx.requests.reply, args=answer).start()
+
+    ctx.emit = emit
+    outcome = run(ctx, "memory", op="get", key="colour")
+    assert outcome.output == '{"value": "blue"}' and not outcome.is_error
+    assert asked == [("request.memory", {"request_id": "req-t-1", "tool_call_id": "t-1",
+                                         "op": "get", "key": "colour", "value": None})]
+    assert "needs a string 'key'" in run(ctx, "memory", op="set").output
