@@ -5,9 +5,10 @@ settings.ALINEO_WORKER_CHANNEL as {"type": "command.pending", ...}. The
 announcement carries no authority: the Command row is the truth, so a lost or
 repeated message can delay work but never duplicate it.
 
-For now this is a placeholder that only logs what it hears; the sandbox work
-(backends, bridge, restore ladder) fills it in. It runs in `manage.py serve`
-(embedded, same event loop as daphne) or in `manage.py runworker alineo-worker`.
+The consumer only wakes this process's supervisor (sandboxes.supervisor),
+which scans pending commands and runs one driver per agent
+(sandboxes.driver). In `manage.py serve` the supervisor is started at boot;
+in `manage.py runworker alineo-worker` the first message starts it.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import logging
 
 from channels.consumer import AsyncConsumer
 
+from sandboxes import supervisor
+
 log = logging.getLogger(__name__)
 
 
 class WorkerConsumer(AsyncConsumer):
     async def command_pending(self, message: dict) -> None:
-        # Nothing acts on commands yet: they stay pending in the database,
-        # where the sandbox work's boot sweep will find them.
         log.debug("command.pending received: %s", message)
+        supervisor.kick()

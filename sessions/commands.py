@@ -100,6 +100,20 @@ def send(user, agent_id: str, verb: str, body: Any, key: str | None = None) -> O
         raise
 
 
+def spawn_child(parent_id: str, prompt: str, spec: dict | None, key: str) -> str:
+    """A child agent asked for by an agent (the bridge's `request.spawn`): the
+    same spawn as the API's, on behalf of the parent's creator, with `key` (the
+    worker derives it from the bridge session and request id) as the
+    Idempotency-Key, so asking again after a worker crash spawns no second
+    child. The child inherits the parent's spec unless `spec` is given.
+    Returns the child's id; raises CommandRefused like `spawn`."""
+    parent = Agent.objects.select_related("created_by").get(pk=parent_id)
+    if parent.created_by is None:
+        raise CommandRefused(409, "agent.no_owner", f"Agent {parent_id} has no owner to spawn as.")
+    body = {"spec": parent.spec if spec is None else spec, "parent": parent_id, "prompt": prompt}
+    return spawn(parent.created_by, body, key).body["id"]
+
+
 def request_hash(verb: str, target: str | None, body: dict) -> str:
     """A digest of what was asked: the same key with a different digest is a 422."""
     canonical = json.dumps([verb, target, body], sort_keys=True, separators=(",", ":"))

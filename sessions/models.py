@@ -103,6 +103,11 @@ class Agent(models.Model):
     # as the rows it appends; on PostgreSQL that row lock is the per-agent lock
     # that keeps commit order equal to seq order.
     last_seq = models.BigIntegerField(default=0)
+    # The bridge cursor: the last bridge event (bseq) journaled, and the bridge
+    # session it belongs to. The worker advances it in the same transaction as
+    # the facts it appends, so each bridge event is journaled exactly once.
+    bridge_cursor = models.BigIntegerField(default=0)
+    bridge_session = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -215,3 +220,17 @@ class Snapshot(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["agent", "through_seq"], name="snapshot_agent_seq_unique")
         ]
+
+
+class AgentMemory(models.Model):
+    """Notes an agent keeps through its `memory` tool (BRIDGE.md `request.memory`).
+    Keyed by agent identity, not sandbox, so they survive any restore."""
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="memory")
+    key = models.CharField(max_length=200)
+    value = models.JSONField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["agent", "key"], name="memory_agent_key_unique")]
+        ordering = ["agent", "key"]

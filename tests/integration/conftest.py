@@ -33,3 +33,57 @@ def alineo_server_factory():
     yield make
     for server in servers:
         server.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_sandboxes_made_by_live_servers(tmp_path_factory):
+    """Live servers drive agents for real (sandboxes.supervisor): a test that
+    spawns an agent with a prompt gets a sandbox — a container, or a local
+    process group that outlives its server. At the end of the session remove
+    every sandbox whose run dir lies under this run's data dirs."""
+    yield
+    import os
+
+    roots = [str(tmp_path_factory.getbasetemp())]
+    if os.environ.get("ALINEO_DATA_DIR"):
+        roots.append(os.path.realpath(os.environ["ALINEO_DATA_DIR"]))
+    _remove_containers_under(roots)
+    _kill_local_bridges_under(roots)
+
+
+def _under(path: str, roots: list[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def _remove_containers_under(roots: list[str]) -> None:
+    from sandboxes.backends.base import docker_engine_answers
+
+    if not docker_engine_answers():
+        return
+    import docker
+
+    client = docker.from_env()
+    try:
+        for c in client.api.containers(all=True, filters={"label": "alineo.managed=1"}):
+            if any(_under(m.get("Source", ""), roots) for m in c.get("Mounts") or []):
+                client.api.remove_container(c["Id"], force=True, v=True)
+    finally:
+        client.close()
+
+
+def _kill_local_bridges_under(roots: list[str]) -> None:
+    import os
+    import signal
+    from pathlib import Path
+
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = dict(item.split(b"=", 1) for item in (proc / "environ").read_bytes().split(b"\0")
+                       if b"=" in item)
+            run_dir = env.get(b"ALINEO_RUN_DIR", b"").decode(errors="replace")
+            if run_dir and env.get(b"ALINEO_SANDBOX_ID") and _under(run_dir, roots):
+                os.killpg(os.getpgid(int(proc.name)), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue

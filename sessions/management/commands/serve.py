@@ -143,6 +143,11 @@ def _start_worker_and_watcher(loop: asyncio.AbstractEventLoop, application, task
     )
     tasks.append(_supervised(loop, worker.arun(), "worker"))
     log.info("worker listening on channel %s", settings.ALINEO_WORKER_CHANNEL)
+    # The supervisor drives agents: reattaches to running sandboxes at boot and
+    # acts on pending commands (sandboxes.supervisor).
+    from sandboxes import supervisor
+
+    tasks.append(supervisor.start(loop))
     # The data_version watcher wakes streams when another process commits.
     # Guarded: it lands in sessions.wakeups separately from this command.
     if hasattr(wakeups, "start_data_version_watcher"):

@@ -1,0 +1,405 @@
+"""The agent driver: one asyncio task per active agent (sandboxes.supervisor
+keeps at most one per agent per process).
+
+A driver (1) ensures the agent's sandbox — creates one with the backend when
+the agent has none (run dir ``DATA_DIR/run/<agent>`` holding a copy of
+``sandboxes/bridge`` and ``config.json``), or starts an Exited one; (2)
+connects to the bridge (two connections: one long-polls events, one carries
+everything else); (3) runs a :class:`sandboxes.relay.Relay` that journals the
+bridge's events exactly once; (4) acts on the agent's pending Command rows in
+id order; (5) takes turn checkpoints when the spec asks for them.
+
+Commands (the Command row is the truth; wake-ups only hurry things along):
+
+- ``spawn``: the sandbox is made; done.
+- ``prompt``: bridge ``prompt {text, command_id: str(command id)}``. The bridge
+  dedups by command_id, so a crash between sending and marking done is safe.
+  While the agent is paused, prompts stay pending.
+- ``steer``: bridge ``steer``. With no running turn (``no_turn``) the command
+  is marked **failed** and a ``command.failed {command, verb, code, reason}``
+  fact says why: a steer is never silently turned into a prompt.
+- ``interrupt``: bridge ``abort`` (the turn settles as ``turn.interrupted``).
+- ``pause`` / ``resume``: done at once; pause holds queued prompts back (the
+  newest done pause/resume row decides, so it survives a restart).
+- ``stop``: abort, let the relay drain, bridge ``shutdown``, remove the
+  sandbox and its run dir, then ``agent.status stopped``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from sandboxes.backends.base import CONTAINER_RUN_DIR, LABEL_AGENT, SandboxStatus, get_backend
+from sandboxes.bridge_client import BridgeClient, BridgeError, BridgeRequestError
+from sandboxes.relay import Relay
+
+log = logging.getLogger(__name__)
+
+BRIDGE_SRC = Path(__file__).resolve().parent / "bridge"
+CONNECT_RETRY_S = 15
+SAFETY_POLL_S = 5
+ENDED = ("stopped", "lost", "unrecoverable")
+KEEP_CHECKPOINTS = 3
+
+
+class DriverError(Exception):
+    pass
+
+
+@dataclass
+class AgentInfo:
+    id: str
+    spec: dict
+    status: str
+    sandbox_id: str
+    cursor: int
+    session: str
+    zero_retention: bool
+    max_age_days: int
+    keep: int
+
+
+def harness_revision() -> str:
+    """A hash of the bridge's source: which harness wrote a checkpoint."""
+    global _REVISION
+    if _REVISION is None:
+        h = hashlib.sha256()
+        for path in sorted(BRIDGE_SRC.rglob("*.py")):
+            h.update(str(path.relative_to(BRIDGE_SRC)).encode() + b"\0" + path.read_bytes())
+        _REVISION = h.hexdigest()[:16]
+    return _REVISION
+
+
+_REVISION: str | None = None
+
+
+def run_dir_for(agent_id: str) -> Path:
+    return Path(settings.DATA_DIR) / "run" / agent_id
+
+
+def extra_labels() -> dict[str, str]:
+    """ALINEO_SANDBOX_LABELS="k=v,k2=v2": labels added to every sandbox (tests use it to clean up)."""
+    out = {}
+    for item in os.environ.get("ALINEO_SANDBOX_LABELS", "").split(","):
+        k, sep, v = item.partition("=")
+        if sep and k.strip():
+            out[k.strip()] = v.strip()
+    return out
+
+
+class AgentDriver:
+    def __init__(self, agent_id: str):
+        self.agent_id = agent_id
+        self.wake = asyncio.Event()
+        self.backend = get_backend()
+        self.info: AgentInfo | None = None
+        self.control: BridgeClient | None = None
+        self.events: BridgeClient | None = None
+        self.relay: Relay | None = None
+
+    def kick(self) -> None:
+        self.wake.set()
+
+    # --- the task ---------------------------------------------------------------------------
+    async def run(self) -> None:
+        relay_task = None
+        try:
+            self.info = info = await _load(self.agent_id)
+            if info is None:
+                return
+            if not info.sandbox_id:
+                if not await self._act_without_sandbox():
+                    return
+                await self._provision()
+            else:
+                await self._ensure_running()
+            sock = str(run_dir_for(self.agent_id) / "bridge.sock")
+            self.control = await BridgeClient.connect(sock, retry_for=CONNECT_RETRY_S)
+            self.events = await BridgeClient.connect(sock, retry_for=CONNECT_RETRY_S)
+            self.relay = Relay(self, self.events, info.cursor, info.session)
+            relay_task = asyncio.create_task(self.relay.run(), name=f"relay-{self.agent_id}")
+            status = await self.control.request("status")
+            if status.get("pending_requests"):
+                await self.relay.answer_pending(status["pending_requests"])
+            while True:
+                self.wake.clear()
+                if await self._act_on_commands(relay_task):
+                    return
+                waiter = asyncio.create_task(self.wake.wait())
+                await asyncio.wait({waiter, relay_task}, timeout=SAFETY_POLL_S,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                if relay_task.done():
+                    relay_task.result()  # raises what ended it
+                    raise DriverError("the relay ended")
+        finally:
+            if relay_task is not None and not relay_task.done():
+                relay_task.cancel()
+                await asyncio.gather(relay_task, return_exceptions=True)
+            for client in (self.control, self.events):
+                if client is not None:
+                    await client.close()
+
+    # --- the sandbox ---------------------------------------------------------------------------
+    async def _act_without_sandbox(self) -> bool:
+        """An agent with no sandbox: True when a pending command needs one."""
+        info = self.info
+        pending = await _pending(self.agent_id)
+        if not pending:
+            return False
+        if info.status in ENDED:
+            for cmd in pending:
+                ok = cmd.verb == "stop"
+                await _mark(self.agent_id, cmd, "done" if ok else "failed",
+                            None if ok else ("agent_ended", f"the agent is {info.status}"))
+            return False
+        return True
+
+    async def _provision(self) -> None:
+        info = self.info
+        run = run_dir_for(info.id)
+        sid = await asyncio.to_thread(_create_sandbox, self.backend, info, run)
+        await _journal(info.id, [("agent.sandbox", {"sandbox_id": sid, "backend": self.backend.name}),
+                                 ("agent.status", {"status": "idle", "reason": "sandbox started"})])
+        info.sandbox_id = sid
+        log.info("agent %s: sandbox %s started (%s)", info.id, sid, self.backend.name)
+
+    async def _ensure_running(self) -> None:
+        info = self.info
+        state = await asyncio.to_thread(self.backend.status, info.sandbox_id)
+        if state is SandboxStatus.RUNNING:
+            return
+        if state is SandboxStatus.EXITED:
+            await asyncio.to_thread(self.backend.start, info.sandbox_id)
+            await _journal(info.id, [("agent.restored", {
+                "rung": "restart", "reason": "the sandbox was not running",
+                "old_sandbox_id": info.sandbox_id, "new_sandbox_id": info.sandbox_id})])
+            return
+        # MISSING / UNKNOWN: the restore ladder's restore/rebuild rungs are not built yet.
+        raise DriverError(f"agent {info.id}: sandbox {info.sandbox_id} is {state}; "
+                          "restore is not built yet")
+
+    # --- commands --------------------------------------------------------------------------------
+    async def _act_on_commands(self, relay_task) -> bool:
+        """Act on pending commands in id order; True once the agent is stopped."""
+        paused = await _paused(self.agent_id)
+        for cmd in await _pending(self.agent_id):
+            verb = cmd.verb
+            if verb == "prompt":
+                if paused:
+                    continue
+                await self.control.request("prompt", text=cmd.text, command_id=str(cmd.id))
+                await _mark(self.agent_id, cmd, "done")
+            elif verb == "steer":
+                try:
+                    await self.control.request("steer", text=cmd.text)
+                except BridgeRequestError as exc:
+                    if exc.code != "no_turn":
+                        raise
+                    await _mark(self.agent_id, cmd, "failed",
+                                ("no_turn", "no turn was running to steer; send a prompt instead"))
+                    continue
+                await _mark(self.agent_id, cmd, "done")
+            elif verb == "interrupt":
+                await self.control.request("abort")
+                await _mark(self.agent_id, cmd, "done")
+            elif verb in ("pause", "resume"):
+                paused = verb == "pause"
+                await _mark(self.agent_id, cmd, "done")
+            elif verb == "spawn":  # the sandbox exists now: nothing more to do
+                await _mark(self.agent_id, cmd, "done")
+            elif verb == "stop":
+                await self._stop(cmd, relay_task)
+                return True
+            else:
+                await _mark(self.agent_id, cmd, "failed", ("unknown_verb", f"cannot act on {verb!r}"))
+        return False
+
+    async def _stop(self, cmd, relay_task) -> None:
+        info = self.info
+        try:
+            await self.control.request("abort")
+            head = int((await self.control.request("status")).get("head") or 0)
+            deadline = time.monotonic() + 10
+            while self.relay.cursor < head and not relay_task.done() and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            await self.control.request("shutdown")
+        except BridgeError as exc:
+            log.info("agent %s: bridge did not shut down cleanly: %s", info.id, exc)
+        relay_task.cancel()
+        await asyncio.gather(relay_task, return_exceptions=True)
+        await asyncio.to_thread(self.backend.remove, info.sandbox_id)
+        await asyncio.to_thread(shutil.rmtree, run_dir_for(info.id), True)
+        await _mark(self.agent_id, cmd, "done", final=("agent.status", {
+            "status": "stopped", "reason": "sandbox removed", "command": cmd.id,
+            "sandbox_id": info.sandbox_id}))
+        log.info("agent %s: stopped, sandbox %s removed", info.id, info.sandbox_id)
+
+    # --- turn checkpoints ---------------------------------------------------------------------------
+    async def take_checkpoint(self, turn: int, through_seq: int) -> None:
+        info = self.info
+        if not info.spec.get("checkpoint") or info.zero_retention:
+            return
+        t0 = time.monotonic()
+        try:
+            data = await asyncio.to_thread(_pack, self.backend, info.sandbox_id)
+            ms = int((time.monotonic() - t0) * 1000)
+            await _store_checkpoint(info, turn, through_seq, data, ms)
+        except Exception as exc:  # noqa: BLE001 - a missed checkpoint, not a failed turn
+            log.warning("agent %s: checkpoint of turn %s failed: %s", info.id, turn, exc)
+            await _journal(info.id, [("agent.checkpoint_failed",
+                                      {"turn": turn, "reason": f"{type(exc).__name__}: {exc}"[:1000]})])
+
+
+# --- blocking helpers (threads) ---------------------------------------------------------------
+
+
+def _create_sandbox(backend, info: AgentInfo, run: Path) -> str:
+    """Create and start a sandbox whose command is the bridge. Orphans of an
+    earlier attempt that crashed before journaling agent.sandbox are removed."""
+    for old in backend.list({LABEL_AGENT: info.id}):
+        backend.remove(old.id)
+    shutil.rmtree(run, ignore_errors=True)
+    run.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(BRIDGE_SRC, run / "bridge", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    spec = info.spec
+    config = {"agent_id": info.id, "model": spec.get("model", "demo"),
+              "tools": spec.get("tools"), "hooks": spec.get("hooks") or {}}
+    (run / "config.json").write_text(json.dumps(config, indent=1))
+    sock = run / "bridge.sock"
+    if len(str(sock).encode()) > 107:
+        raise DriverError(f"the socket path {sock} is too long for AF_UNIX; use a shorter ALINEO_DATA_DIR")
+    if backend.name == "docker":
+        run.chmod(0o777)  # the bridge may run as another uid than the control plane
+        command = ["python3", "-m", "bridge", "--run-dir", CONTAINER_RUN_DIR, "--home", "/root"]
+        env = {"PYTHONPATH": CONTAINER_RUN_DIR, "PYTHONDONTWRITEBYTECODE": "1"}
+    else:
+        command = [sys.executable, "-S", "-m", "bridge"]  # HOME and ALINEO_RUN_DIR set by the backend
+        env = {"PYTHONPATH": str(run), "PYTHONDONTWRITEBYTECODE": "1"}
+    sid = backend.create(info.id, spec.get("image") or "default", run_dir=str(run),
+                         limits=spec.get("limits"), network=spec.get("network") or "none",
+                         env=env, labels=extra_labels(), command=command)
+    try:
+        backend.start(sid)
+    except BaseException:
+        backend.remove(sid)
+        raise
+    return sid
+
+
+def _pack(backend, sandbox_id: str) -> bytes:
+    from sandboxes.checkpoints import pack_home
+
+    return pack_home(backend, sandbox_id)
+
+
+# --- database helpers ---------------------------------------------------------------------------
+
+
+@dataclass
+class PendingCommand:
+    id: int
+    verb: str
+    text: str | None
+
+
+@database_sync_to_async
+def _load(agent_id: str) -> AgentInfo | None:
+    from sessions.models import Agent
+
+    a = Agent.objects.select_related("workspace").filter(pk=agent_id).first()
+    if a is None:
+        return None
+    ws = a.workspace
+    return AgentInfo(a.id, dict(a.spec or {}), a.status, a.sandbox_id, a.bridge_cursor,
+                     a.bridge_session, ws.zero_data_retention, ws.checkpoint_max_age_days,
+                     ws.keep_newest_checkpoints or KEEP_CHECKPOINTS)
+
+
+@database_sync_to_async
+def _pending(agent_id: str) -> list[PendingCommand]:
+    from sessions.models import Command, Event
+
+    rows = list(Command.objects.filter(agent_id=agent_id, state="pending").order_by("id")
+                .values_list("id", "verb", "seq"))
+    seqs = [seq for _, verb, seq in rows if verb in ("prompt", "steer") and seq]
+    texts = dict(Event.objects.filter(agent_id=agent_id, seq__in=seqs).values_list("seq", "data"))
+    return [PendingCommand(cid, verb, (texts.get(seq) or {}).get("text")) for cid, verb, seq in rows]
+
+
+@database_sync_to_async
+def _paused(agent_id: str) -> bool:
+    from sessions.models import Command
+
+    last = (Command.objects.filter(agent_id=agent_id, state="done", verb__in=("pause", "resume"))
+            .order_by("-id").values_list("verb", flat=True).first())
+    return last == "pause"
+
+
+@database_sync_to_async
+def _mark(agent_id: str, cmd: PendingCommand, state: str, failure=None, final=None) -> None:
+    from sessions import journal
+    from sessions.models import Command
+
+    with transaction.atomic():
+        Command.objects.filter(pk=cmd.id, state="pending").update(state=state, acted_at=timezone.now())
+        facts = []
+        if failure is not None:
+            code, reason = failure
+            facts.append(("command.failed", {"command": cmd.id, "verb": cmd.verb,
+                                             "code": code, "reason": reason}))
+        if final is not None:
+            facts.append(final)
+        if facts:
+            journal.append_many(agent_id, facts)
+
+
+@database_sync_to_async
+def _journal(agent_id: str, facts) -> None:
+    from sessions import journal
+
+    journal.append_many(agent_id, facts)
+
+
+@database_sync_to_async
+def _store_checkpoint(info: AgentInfo, turn: int, through_seq: int, data: bytes, ms: int) -> None:
+    from sessions import journal
+    from sessions.models import Checkpoint
+
+    folder = Path(settings.DATA_DIR) / "checkpoints" / info.id
+    folder.mkdir(parents=True, exist_ok=True)
+    now = timezone.now()
+    path = folder / f"{info.sandbox_id[:16]}-t{turn}-{through_seq}.tar.zst"
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(path)
+    with transaction.atomic():
+        row = Checkpoint.objects.create(
+            agent_id=info.id, sandbox_id=info.sandbox_id, turn=turn, through_seq=through_seq,
+            path=str(path), bytes=len(data), duration_ms=ms, harness_revision=harness_revision(),
+            expires_at=now + timedelta(days=info.max_age_days))
+        journal.append(info.id, "agent.checkpointed",
+                       {"checkpoint": row.pk, "turn": turn, "bytes": len(data), "ms": ms})
+    old = list(Checkpoint.objects.filter(agent_id=info.id, sandbox_id=info.sandbox_id,
+                                         deleted_at__isnull=True).order_by("-id")[info.keep:])
+    for cp in old:
+        Path(cp.path).unlink(missing_ok=True)
+        Checkpoint.objects.filter(pk=cp.pk).update(deleted_at=timezone.now())

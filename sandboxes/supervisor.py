@@ -1,0 +1,141 @@
+"""The supervisor: one per process, on the serving loop; it keeps one
+:class:`sandboxes.driver.AgentDriver` task per agent that has work.
+
+An agent has work when it has pending Command rows, or when it has a sandbox
+and has not ended (its bridge may be running turns or holding unjournaled
+events: at boot that is the *reattach* rung). The scan runs at start, on every
+wake-up (``kick()``, from the worker consumer on ``command.pending``) and every
+``SCAN_S`` seconds as a safety net, because wake-ups are best effort. A driver
+that fails is started again after a backoff (1 s doubling to 60 s).
+
+Never two drivers for one agent in a process; across processes the cursor
+guard in sandboxes.relay refuses a second writer (the per-agent lease for
+scale-out is not built yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from channels.db import database_sync_to_async
+
+log = logging.getLogger(__name__)
+
+SCAN_S = 3.0
+BACKOFF_MAX_S = 60.0
+
+_current: Supervisor | None = None
+
+
+class Supervisor:
+    def __init__(self):
+        self.drivers: dict[str, asyncio.Task] = {}
+        self.objects: dict[str, object] = {}
+        self.failures: dict[str, tuple[int, float]] = {}  # agent → (count, not before)
+        self.wake = asyncio.Event()
+        self.task: asyncio.Task | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Task:
+        loop = loop or asyncio.get_event_loop()
+        self.task = loop.create_task(self._main(), name="supervisor")
+        return self.task
+
+    def kick(self) -> None:
+        self.wake.set()
+
+    async def _main(self) -> None:
+        try:
+            while True:
+                try:
+                    await self.scan()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("supervisor scan failed")
+                try:
+                    await asyncio.wait_for(self.wake.wait(), SCAN_S)
+                except TimeoutError:
+                    pass
+                self.wake.clear()
+        finally:
+            await self.stop_drivers()
+
+    async def stop_drivers(self) -> None:
+        tasks = list(self.drivers.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def scan(self) -> None:
+        now = time.monotonic()
+        for agent_id in await _agents_with_work():
+            driver = self.objects.get(agent_id)
+            if agent_id in self.drivers and driver is not None:
+                driver.kick()
+                continue
+            _count, not_before = self.failures.get(agent_id, (0, 0.0))
+            if now < not_before:
+                continue
+            self._start_driver(agent_id)
+
+    def _start_driver(self, agent_id: str) -> None:
+        from sandboxes.driver import AgentDriver
+
+        driver = AgentDriver(agent_id)
+        task = asyncio.get_running_loop().create_task(driver.run(), name=f"driver-{agent_id}")
+        self.drivers[agent_id] = task
+        self.objects[agent_id] = driver
+        task.add_done_callback(lambda t, a=agent_id: self._ended(a, t))
+
+    def _ended(self, agent_id: str, task: asyncio.Task) -> None:
+        if self.drivers.get(agent_id) is task:
+            del self.drivers[agent_id]
+            self.objects.pop(agent_id, None)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            self.failures.pop(agent_id, None)
+            return
+        count = self.failures.get(agent_id, (0, 0.0))[0] + 1
+        delay = min(BACKOFF_MAX_S, 2 ** (count - 1))
+        self.failures[agent_id] = (count, time.monotonic() + delay)
+        log.warning("driver of agent %s failed (%s: %s); again in %.0f s", agent_id,
+                    type(exc).__name__, exc, delay, exc_info=exc if count == 1 else None)
+
+
+@database_sync_to_async
+def _agents_with_work() -> list[str]:
+    from sessions.models import Agent, Command
+
+    pending = set(Command.objects.filter(state="pending", agent__isnull=False)
+                  .values_list("agent_id", flat=True).distinct())
+    live = set(Agent.objects.exclude(sandbox_id="")
+               .exclude(status__in=("stopped", "lost", "unrecoverable"))
+               .values_list("id", flat=True))
+    return sorted(pending | live)
+
+
+def current() -> Supervisor | None:
+    return _current
+
+
+def start(loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Task:
+    """Start this process's supervisor (once); returns its task."""
+    global _current
+    if _current is not None and _current.task is not None and not _current.task.done():
+        return _current.task
+    _current = Supervisor()
+    return _current.start(loop)
+
+
+def kick() -> None:
+    """A command is pending: scan now (starts the supervisor in a worker
+    process that did not start one, e.g. `manage.py runworker`)."""
+    if _current is None or _current.task is None or _current.task.done():
+        start()
+    else:
+        _current.kick()
