@@ -47,6 +47,7 @@ from django.utils import timezone
 from sandboxes.backends.base import CONTAINER_RUN_DIR, LABEL_AGENT, SandboxStatus, get_backend
 from sandboxes.bridge_client import BridgeClient, BridgeError, BridgeRequestError
 from sandboxes.relay import Relay
+from sessions import credentials
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class AgentInfo:
     zero_retention: bool
     max_age_days: int
     keep: int
+    secrets: list = None  # sessions.credentials.Secret: bound values, for the env and redaction
 
 
 def harness_revision() -> str:
@@ -291,6 +293,9 @@ def _create_sandbox(backend, info: AgentInfo, run: Path) -> str:
     else:
         command = [sys.executable, "-S", "-m", "bridge"]  # HOME and ALINEO_RUN_DIR set by the backend
         env = {"PYTHONPATH": str(run), "PYTHONDONTWRITEBYTECODE": "1"}
+    # Bound secrets reach the sandbox only through its environment (never
+    # config.json, which lives on the host's disk in the run dir).
+    env.update({secret.env: secret.value for secret in info.secrets or []})
     sid = backend.create(info.id, spec.get("image") or "default", run_dir=str(run),
                          limits=spec.get("limits"), network=spec.get("network") or "none",
                          env=env, labels=extra_labels(), command=command)
@@ -326,9 +331,11 @@ def _load(agent_id: str) -> AgentInfo | None:
     if a is None:
         return None
     ws = a.workspace
-    return AgentInfo(a.id, dict(a.spec or {}), a.status, a.sandbox_id, a.bridge_cursor,
+    spec = dict(a.spec or {})
+    return AgentInfo(a.id, spec, a.status, a.sandbox_id, a.bridge_cursor,
                      a.bridge_session, ws.zero_data_retention, ws.checkpoint_max_age_days,
-                     ws.keep_newest_checkpoints or KEEP_CHECKPOINTS)
+                     ws.keep_newest_checkpoints or KEEP_CHECKPOINTS,
+                     credentials.secrets_for(ws.id, spec.get("credentials") or []))
 
 
 @database_sync_to_async

@@ -68,7 +68,8 @@ class Relay:
             events = page.get("events") or []
             if not events:
                 continue
-            records = await _commit(self.agent_id, self.cursor, self.session, sid, events)
+            secrets = self.driver.info.secrets if self.driver.info else None
+            records = await _commit(self.agent_id, self.cursor, self.session, sid, events, secrets)
             self.cursor, self.session = int(events[-1]["bseq"]), sid
             try:
                 await self.client.request("ack", through=self.cursor)
@@ -162,10 +163,14 @@ class _Refused(Exception):
 # --- database work (sync, run through database_sync_to_async) ----------------------------
 
 
-def _facts(events: list[dict]) -> list[tuple[str, dict]]:
+def _facts(events: list[dict], secrets=None) -> list[tuple[str, dict]]:
+    """Bridge events as transcript facts. A bound secret the agent printed
+    (`echo $TOKEN`) is redacted here, before it can reach the transcript."""
+    from sessions.credentials import redact
+
     out = []
     for ev in events:
-        data = ev.get("data")
+        data = redact(ev.get("data"), secrets)
         data = dict(data) if isinstance(data, dict) else {"value": data}
         data["bseq"] = ev["bseq"]
         out.append((str(ev.get("type") or "bridge.unknown")[:64], data))
@@ -173,7 +178,8 @@ def _facts(events: list[dict]) -> list[tuple[str, dict]]:
 
 
 @database_sync_to_async
-def _commit(agent_id: str, cursor: int, session: str, new_session: str, events: list[dict]):
+def _commit(agent_id: str, cursor: int, session: str, new_session: str, events: list[dict],
+            secrets=None):
     from sessions import journal
     from sessions.models import Agent
 
@@ -186,7 +192,7 @@ def _commit(agent_id: str, cursor: int, session: str, new_session: str, events: 
             bridge_cursor=int(events[-1]["bseq"]), bridge_session=new_session)
         if moved != 1:
             raise CursorMoved(f"agent {agent_id}: the bridge cursor is no longer {session}:{cursor}")
-        return journal.append_many(agent_id, _facts(events))
+        return journal.append_many(agent_id, _facts(events, secrets))
 
 
 @database_sync_to_async

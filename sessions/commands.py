@@ -23,7 +23,7 @@ from typing import Any, Callable
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, transaction
 
-from . import journal, specs, wakeups
+from . import credentials, journal, specs, wakeups
 from .api.auth import default_workspace, visible_agent
 from .models import Agent, AgentStatus, Command, CommandState, CommandVerb, Event
 
@@ -203,6 +203,10 @@ def _spawn(user, spec: dict, parent_id: str | None, prompt: str | None, key, dig
             "workspace.none",
             "You are not a member of any workspace, so you cannot spawn agents.",
         )
+    try:
+        credentials.check_bindings(workspace, spec.get("credentials") or [])
+    except specs.SpecError as exc:
+        raise CommandRefused(400, "spec.invalid", str(exc), field=exc.field) from exc
     child = Agent.objects.create(workspace=workspace, parent=parent, created_by=user, spec=spec)
     cmd = _record(user, child, CommandVerb.SPAWN, key, digest, 201)
     by = user.get_username()

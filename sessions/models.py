@@ -234,3 +234,26 @@ class AgentMemory(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["agent", "key"], name="memory_agent_key_unique")]
         ordering = ["agent", "key"]
+
+
+class Credential(models.Model):
+    """A secret a workspace's agents may be bound to by name (spec `credentials`).
+
+    The value is injected into the sandbox's environment at start and never
+    leaves the control plane otherwise: it is not in the spec, the transcript
+    (the relay redacts it), checkpoint metadata, logs or any page."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="credentials")
+    name = models.CharField(max_length=100)
+    secret = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "name"], name="credential_workspace_name_unique")
+        ]
+        ordering = ["workspace", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.workspace}/{self.name}"

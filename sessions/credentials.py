@@ -1,0 +1,74 @@
+"""Credential bindings: secrets stored per workspace, bound to agents by name.
+
+A spec names bindings `{"name", "env", "approval"}`; the control plane holds
+the values. They are resolved only where a sandbox starts (its environment)
+and where bridge output is journaled (to redact them). Nothing else reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .models import Credential, Workspace
+from .specs import SpecError
+
+# Shorter values would redact ordinary words; such a "secret" protects nothing anyway.
+MIN_REDACT_LEN = 6
+
+
+@dataclass(frozen=True)
+class Secret:
+    name: str
+    env: str
+    value: str
+
+    def __repr__(self) -> str:  # never print a value by accident
+        return f"Secret(name={self.name!r}, env={self.env!r}, value=<hidden>)"
+
+
+def set_secret(workspace: Workspace, name: str, value: str) -> Credential:
+    cred, _ = Credential.objects.update_or_create(
+        workspace=workspace, name=name, defaults={"secret": value}
+    )
+    return cred
+
+
+def check_bindings(workspace: Workspace, bindings: list[dict]) -> None:
+    """Every binding must name a credential of the workspace (SpecError otherwise)."""
+    names = {b["name"] for b in bindings}
+    if not names:
+        return
+    known = set(Credential.objects.filter(workspace=workspace, name__in=names).values_list("name", flat=True))
+    for i, binding in enumerate(bindings):
+        if binding["name"] not in known:
+            raise SpecError(
+                f"credentials[{i}].name",
+                f"no credential named {binding['name']!r} in workspace {workspace.name!r}; "
+                "an admin adds it with `manage.py set_credential` or in the admin",
+            )
+
+
+def secrets_for(workspace_id: int, bindings: list[dict]) -> list[Secret]:
+    """The bound secrets (a binding whose credential was deleted is skipped)."""
+    names = {b.get("name") for b in bindings or []}
+    values = dict(
+        Credential.objects.filter(workspace_id=workspace_id, name__in=names).values_list("name", "secret")
+    )
+    return [Secret(b["name"], b["env"], values[b["name"]]) for b in bindings or [] if b.get("name") in values]
+
+
+def redact(value: Any, secrets: list[Secret]) -> Any:
+    """`value` with every secret's text replaced by `[redacted:<name>]`, recursively."""
+    if not secrets:
+        return value
+    if isinstance(value, str):
+        for secret in secrets:
+            if len(secret.value) >= MIN_REDACT_LEN and secret.value in value:
+                value = value.replace(secret.value, f"[redacted:{secret.name}]")
+        return value
+    if isinstance(value, dict):
+        return {k: redact(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v, secrets) for v in value]
+    return value
