@@ -53,8 +53,10 @@ run: migrate
 # As root (CI, a fresh machine) the Docker engine is installed and started first
 # (.ci/docker-up: docker.io + mmdebstrap, dockerd without a bridge network), so
 # the docker backend is exercised for real; then the base image is built once.
+# Debian's chromium is installed too when missing (.ci/browser-up), for tests/browser.
 test: setup
 	if [ "$$(id -u)" = 0 ] && [ "$${ALINEO_SANDBOX:-auto}" != local ]; then bash .ci/docker-up; fi
+	if [ "$$(id -u)" = 0 ] && [ ! -x /usr/bin/chromium ]; then bash .ci/browser-up; fi
 	if command -v docker >/dev/null && docker info >/dev/null 2>&1; then \
 	  ALINEO_DATA_DIR=$$(mktemp -d) $(PY) manage.py build_base_image; \
 	fi

@@ -1,13 +1,11 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from sessions import views
-
 urlpatterns = [
-    path("", views.home, name="home"),
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/", include("sessions.api.urls")),
+    path("", include("sessions.urls")),
 ]
 
 # JSON under /api/, Django's usual pages elsewhere: an API client never gets HTML.

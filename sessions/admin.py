@@ -1,12 +1,93 @@
-from django.contrib import admin
+from datetime import timedelta
+from pathlib import Path
+
+from django import forms
+from django.conf import settings
+from django.contrib import admin, messages
+from django.db.models import Q
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
 
 from .models import Agent, ApiToken, Checkpoint, Command, Event, Snapshot, Workspace
+
+MAX_DAYS = getattr(settings, "ALINEO_CHECKPOINT_MAX_DAYS", 30)
+
+
+class WorkspaceForm(forms.ModelForm):
+    class Meta:
+        model = Workspace
+        fields = ["name", "members", "checkpoint_max_age_days", "keep_newest_checkpoints",
+                  "zero_data_retention"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # No browser-side max: an over-long value must reach us and get the clear message.
+        self.fields["checkpoint_max_age_days"].widget.attrs.pop("max", None)
+
+    def clean_checkpoint_max_age_days(self):
+        days = self.cleaned_data["checkpoint_max_age_days"]
+        if days is not None and days > MAX_DAYS:
+            raise forms.ValidationError(
+                f"Checkpoints can be kept at most {MAX_DAYS} days; {days} is too long. "
+                f"Choose 1 to {MAX_DAYS} days: retention may be shortened, never lengthened beyond {MAX_DAYS}."
+            )
+        if days is not None and days < 1:
+            raise forms.ValidationError("Keep checkpoints at least 1 day (or set zero data retention).")
+        return days
+
+
+def retention_effect(workspace: Workspace, now=None) -> dict:
+    """What the worker's sweep removes under this workspace's policy, now:
+    checkpoints past their age, and those beyond the newest N per agent."""
+    now = now or timezone.now()
+    live = Checkpoint.objects.filter(agent__workspace=workspace, deleted_at=None)
+    cutoff = now - timedelta(days=workspace.checkpoint_max_age_days)
+    too_old = live.filter(Q(created_at__lt=cutoff) | Q(expires_at__lte=now))
+    beyond_newest = 0
+    for agent_id in live.order_by().values_list("agent_id", flat=True).distinct():
+        beyond_newest += max(0, live.filter(agent_id=agent_id).count() - workspace.keep_newest_checkpoints)
+    zdr = live.count() if workspace.zero_data_retention else 0
+    return {"live": live.count(), "too_old": too_old.count(), "beyond_newest": beyond_newest,
+            "zero_data_retention": zdr, "cutoff": cutoff}
 
 
 @admin.register(Workspace)
 class WorkspaceAdmin(admin.ModelAdmin):
-    list_display = ["name", "checkpoint_max_age_days", "keep_newest_checkpoints", "zero_data_retention"]
+    form = WorkspaceForm
+    list_display = ["name", "checkpoint_max_age_days", "keep_newest_checkpoints", "zero_data_retention",
+                    "checkpoints_kept"]
     filter_horizontal = ["members"]
+    readonly_fields = ["sweep_effect"]
+    fieldsets = [
+        (None, {"fields": ["name", "members"]}),
+        ("Retention policy", {
+            "fields": ["checkpoint_max_age_days", "keep_newest_checkpoints", "zero_data_retention",
+                       "sweep_effect"],
+            "description": f"Checkpoint max age is at most {MAX_DAYS} days. The worker's retention "
+                           "sweep applies a change: it deletes what the policy no longer keeps.",
+        }),
+    ]
+
+    @admin.display(description="Live checkpoints")
+    def checkpoints_kept(self, obj):
+        return Checkpoint.objects.filter(agent__workspace=obj, deleted_at=None).count()
+
+    @admin.display(description="Effect of this policy (as saved)")
+    def sweep_effect(self, obj):
+        if obj is None or obj.pk is None:
+            return "Saved workspaces show what the sweep removes under their policy."
+        e = retention_effect(obj)
+        lines = [
+            ("Live checkpoints", e["live"]),
+            (f"Older than {obj.checkpoint_max_age_days} days or expired (removed by the next sweep)",
+             e["too_old"]),
+            (f"Beyond the newest {obj.keep_newest_checkpoints} per agent (removed by the next sweep)",
+             e["beyond_newest"]),
+        ]
+        if obj.zero_data_retention:
+            lines.append(("Zero data retention: every checkpoint is removed, none taken", e["zero_data_retention"]))
+        return format_html("<ul class='sweep-effect'>{}</ul>",
+                           format_html_join("", "<li>{}: <strong>{}</strong></li>", lines))
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -42,9 +123,52 @@ class CommandAdmin(ReadOnlyAdmin):
     list_filter = ["verb", "state"]
 
 
+class ExpiredFilter(admin.SimpleListFilter):
+    title = "expired"
+    parameter_name = "expired"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "Expired or deleted"), ("no", "Live")]
+
+    def queryset(self, request, queryset):
+        gone = Q(expires_at__lte=timezone.now()) | Q(deleted_at__isnull=False)
+        if self.value() == "yes":
+            return queryset.filter(gone)
+        if self.value() == "no":
+            return queryset.exclude(gone)
+        return queryset
+
+
 @admin.register(Checkpoint)
 class CheckpointAdmin(ReadOnlyAdmin):
-    list_display = ["id", "agent", "turn", "through_seq", "bytes", "created_at", "expires_at"]
+    list_display = ["id", "agent", "workspace", "turn", "through_seq", "bytes", "created_at",
+                    "expires_at", "deleted_at"]
+    list_filter = [("agent__workspace", admin.RelatedOnlyFieldListFilter), ExpiredFilter, "agent"]
+    search_fields = ["agent__id", "sandbox_id"]
+    actions = ["expire_now", "delete_now"]
+
+    @admin.display(description="Workspace")
+    def workspace(self, obj):
+        return obj.agent.workspace
+
+    @admin.action(description="Expire now (the next sweep deletes them)")
+    def expire_now(self, request, queryset):
+        n = queryset.filter(deleted_at=None).update(expires_at=timezone.now())
+        self.message_user(request, f"{n} checkpoint(s) expire now; the worker's sweep deletes them.",
+                          messages.SUCCESS)
+
+    @admin.action(description="Delete now (archive file and all)")
+    def delete_now(self, request, queryset):
+        root = Path(settings.DATA_DIR).resolve()
+        now, n = timezone.now(), 0
+        for cp in queryset.filter(deleted_at=None):
+            if cp.path:
+                path = Path(cp.path).resolve()
+                if path.is_relative_to(root):
+                    path.unlink(missing_ok=True)
+            Checkpoint.objects.filter(pk=cp.pk).update(deleted_at=now, expires_at=min(cp.expires_at, now))
+            n += 1
+        self.message_user(request, f"{n} checkpoint(s) deleted.", messages.SUCCESS)
 
 
 @admin.register(Snapshot)

@@ -1,0 +1,95 @@
+"""The agent page: the latest page of the transcript rendered with its cursor,
+older pages on scroll (?before=), newer rows by cursor (?after=) — both as the
+same fragment, sessions/_event_rows.html, keyed by seq (id="row-<seq>")."""
+
+from __future__ import annotations
+
+from django.http import HttpResponse, HttpResponseBadRequest
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from .. import journal
+from ..models import Event
+from .common import agent_or_404, agent_version, login_required, summarize
+
+FIRST_PAGE = 100
+OLDER_PAGE = 300
+NEWER_PAGE = 500
+HISTORY = 20
+
+
+def _int(raw: str | None) -> int | None:
+    if raw is None or not raw.isdigit() or len(raw) > 18:
+        return None
+    return int(raw)
+
+
+def side_context(agent) -> dict:
+    """The side panel: restore history and live checkpoints."""
+    restores = list(
+        Event.objects.filter(agent=agent, type__in=("agent.restored", "agent.lost"))
+        .order_by("-seq")
+        .values_list("seq", "type", "data", "ts")[:HISTORY]
+    )
+    checkpoints = list(agent.checkpoints.filter(deleted_at=None).order_by("-created_at")[:HISTORY])
+    return {
+        "restores": [{"seq": s, "type": t, "data": d, "ts": ts} for s, t, d, ts in restores],
+        "checkpoints": checkpoints,
+    }
+
+
+def agent_context(agent) -> dict:
+    info = summarize(agent)
+    children = list(agent.children.order_by("created_at", "id"))
+    return {**info, **side_context(agent), "children": children, "version": agent_version(agent)}
+
+
+@require_GET
+@login_required
+def agent_page(request, agent_id: str):
+    from .actions import action_forms
+
+    agent = agent_or_404(request.user, agent_id)
+    page = journal.page_before(agent.id, agent.last_seq + 1, FIRST_PAGE)
+    context = {
+        **agent_context(agent),
+        **action_forms(),
+        "events": page.events,
+        "cursor": page.last_seq or 0,
+        "first": page.first_seq or 0,
+        "has_older": page.has_more,
+    }
+    return render(request, "sessions/agent.html", context)
+
+
+@require_GET
+@login_required
+def agent_live(request, agent_id: str):
+    """The status header and side panel, polled: 204 while nothing changed."""
+    agent = agent_or_404(request.user, agent_id)
+    if request.GET.get("v") == agent_version(agent):
+        return HttpResponse(status=204)
+    return render(request, "sessions/_agent_live.html", agent_context(agent))
+
+
+@require_GET
+@login_required
+def agent_rows(request, agent_id: str):
+    """Rows after a cursor (live catch-up) or before one (scroll-up). The cursor
+    the client continues from comes back in headers, next to the same fragment
+    the page was drawn with."""
+    agent = agent_or_404(request.user, agent_id)
+    after, before = _int(request.GET.get("after")), _int(request.GET.get("before"))
+    if (after is None) == (before is None):
+        return HttpResponseBadRequest("Give after=<seq> or before=<seq> (a non-negative integer).")
+    if before is not None:
+        page = journal.page_before(agent.id, before, OLDER_PAGE)
+    else:
+        page = journal.page_after(agent.id, after, NEWER_PAGE)
+    response = render(request, "sessions/_event_rows.html", {"events": page.events})
+    response["X-Alineo-First"] = str(page.first_seq or 0)
+    response["X-Alineo-Last"] = str(page.last_seq or 0)
+    response["X-Alineo-Has-More"] = "1" if page.has_more else "0"
+    response["X-Alineo-Head"] = str(page.head)
+    response["Cache-Control"] = "no-store"
+    return response

@@ -1,0 +1,99 @@
+"""What every dashboard view shares: login (also for fragments), workspace
+scoping, and the per-agent summary the tree and the agent page both show."""
+
+from __future__ import annotations
+
+import hashlib
+from functools import wraps
+from urllib.parse import quote, urlsplit
+
+from django.conf import settings
+from django.contrib.auth.views import redirect_to_login
+from django.http import Http404, HttpResponse
+
+from .. import journal
+from ..api.auth import visible_agent, workspaces_of
+from ..models import Agent, AgentStatus
+
+ENDED = {AgentStatus.STOPPED, AgentStatus.LOST, AgentStatus.UNRECOVERABLE}
+
+
+def _is_fragment(request) -> bool:
+    return bool(getattr(request, "htmx", False)) or request.headers.get("X-Alineo-Fragment") == "1"
+
+
+def login_required(view):
+    """Like Django's, but a fragment request (htmx or alineo.js) gets a 401 with
+    HX-Redirect to the login page and back to the page it was drawn on."""
+
+    @wraps(view)
+    def wrapped(request, *args, **kwargs):
+        if request.user.is_authenticated:
+            return view(request, *args, **kwargs)
+        if not _is_fragment(request):
+            return redirect_to_login(request.get_full_path())
+        page = request.headers.get("HX-Current-URL") or "/"
+        parts = urlsplit(page)
+        back = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        response = HttpResponse("Your session has ended; log in again.", status=401)
+        response["HX-Redirect"] = f"{settings.LOGIN_URL}?next={quote(back)}"
+        return response
+
+    return wrapped
+
+
+def agent_or_404(user, agent_id: str) -> Agent:
+    """The agent if the user may see it; another workspace's agent is a 404 too."""
+    agent = visible_agent(user, agent_id)
+    if agent is None:
+        raise Http404("No such agent.")
+    return agent
+
+
+def effective_status(agent: Agent) -> tuple[str, str]:
+    reason = journal.unrecoverable_reason(agent.id)
+    if reason:
+        return AgentStatus.UNRECOVERABLE.value, reason
+    return agent.status, agent.status_reason
+
+
+def summarize(agent: Agent) -> dict:
+    """Status, the running turn's progress and the last restore rung of one agent."""
+    status, reason = effective_status(agent)
+    info = {"agent": agent, "status": status, "reason": reason, "turn": None,
+            "turns": None, "last_restore": None, "ended": status in ENDED}
+    if agent.last_seq == 0:
+        return info
+    try:
+        state = journal.replay(agent.id)
+    except journal.Unrecoverable as exc:
+        info.update(status=AgentStatus.UNRECOVERABLE.value, reason=str(exc), ended=True)
+        return info
+    info.update(turn=state.get("current_turn"), turns=state.get("turns"),
+                last_restore=state.get("last_restore"))
+    return info
+
+
+def visible_agents(user):
+    return (
+        Agent.objects.filter(workspace__in=workspaces_of(user))
+        .select_related("workspace")
+        .order_by("created_at", "id")
+    )
+
+
+def version_of(rows) -> str:
+    """A short digest of what a live fragment shows: unchanged digest → 204."""
+    text = "|".join(f"{r[0]}:{r[1]}:{r[2]}:{r[3]}" for r in rows)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def tree_version(user) -> str:
+    rows = visible_agents(user).values_list("id", "last_seq", "status", "updated_at")
+    return version_of(rows)
+
+
+def agent_version(agent: Agent) -> str:
+    checkpoints = agent.checkpoints.filter(deleted_at=None).count()
+    status, _ = effective_status(agent)
+    return version_of([(agent.id, agent.last_seq, status, checkpoints)])

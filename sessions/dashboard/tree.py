@@ -1,0 +1,52 @@
+"""The home page: the workspace's agents drawn as a tree. The page and its
+live poll render the same fragment, sessions/_tree.html; the poll carries the
+version it was drawn at and gets a 204 while nothing changed."""
+
+from __future__ import annotations
+
+from django.http import HttpResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from ..api.auth import workspaces_of
+from ..forms import TextCommandForm
+from .common import login_required, summarize, tree_version, visible_agents
+
+
+def tree_context(user) -> dict:
+    version = tree_version(user)  # before the rows: a change in between only re-polls
+    agents = list(visible_agents(user))
+    by_parent: dict[str | None, list] = {}
+    for agent in agents:
+        by_parent.setdefault(agent.parent_id, []).append(agent)
+
+    def build(parent_id):
+        return [
+            {**summarize(a), "children": build(a.id)} for a in by_parent.get(parent_id, [])
+        ]
+
+    return {
+        "workspaces": list(workspaces_of(user)),
+        "tree": build(None),
+        "version": version,
+        "count": len(agents),
+        **node_forms(),
+    }
+
+
+@require_GET
+@login_required
+def home(request):
+    return render(request, "sessions/home.html", tree_context(request.user))
+
+
+@require_GET
+@login_required
+def tree_fragment(request):
+    if request.GET.get("v") == tree_version(request.user):
+        return HttpResponse(status=204)
+    return render(request, "sessions/_tree.html", tree_context(request.user))
+
+
+def node_forms() -> dict:
+    return {"prompt_form": TextCommandForm("prompt"), "steer_form": TextCommandForm("steer")}

@@ -1,0 +1,209 @@
+"""Template helpers for the dashboard: relative times with the exact time on
+hover, status badges that are coloured *and* labelled, and a display view of a
+transcript event (what to show, and whether its raw input/output is long
+enough to start collapsed)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+from django import template
+from django.utils.html import format_html
+
+register = template.Library()
+
+# Label, and a glyph so a status never relies on colour alone.
+STATUS = {
+    "starting": ("Starting", "◌"),
+    "running": ("Running", "▶"),
+    "idle": ("Idle", "●"),
+    "paused": ("Paused", "⏸"),
+    "interrupted": ("Interrupted", "⏹"),
+    "restoring": ("Restoring", "↻"),
+    "stopped": ("Stopped", "■"),
+    "lost": ("Lost", "✕"),
+    "unrecoverable": ("Unrecoverable", "⚠"),
+}
+
+LONG_CHARS = 600
+LONG_LINES = 12
+
+
+def _aware(value) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return value
+
+
+def relative(value, now: datetime | None = None) -> str:
+    """'just now', '42 s ago', '5 min ago', '3 h ago', '2 d ago' (or 'in …' for the future)."""
+    value = _aware(value)
+    if value is None:
+        return ""
+    now = now or datetime.now(timezone.utc)
+    seconds = (now - value).total_seconds()
+    future, seconds = seconds < 0, abs(seconds)
+    if seconds < 5:
+        return "just now"
+    for limit, unit, size in ((60, "s", 1), (3600, "min", 60), (86400, "h", 3600)):
+        if seconds < limit:
+            n = int(seconds // size)
+            break
+    else:
+        n, unit = int(seconds // 86400), "d"
+    return f"in {n} {unit}" if future else f"{n} {unit} ago"
+
+
+@register.filter
+def reltime(value):
+    """<time> with a relative text (kept fresh by alineo.js) and the exact UTC time on hover."""
+    value = _aware(value)
+    if value is None:
+        return ""
+    exact = value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return format_html(
+        '<time datetime="{}" title="{}" data-rel>{}</time>',
+        value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z"),
+        exact,
+        relative(value),
+    )
+
+
+@register.simple_tag
+def elapsed_since(value):
+    """'1 min 5 s' since value (for a running turn); alineo.js keeps it ticking."""
+    value = _aware(value)
+    if value is None:
+        return ""
+    seconds = max(0, int((datetime.now(timezone.utc) - value).total_seconds()))
+    text = f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
+    return format_html(
+        '<time datetime="{}" title="started {}" data-elapsed>{}</time>',
+        value.isoformat().replace("+00:00", "Z"),
+        value.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        text,
+    )
+
+
+@register.filter
+def status_badge(status: str):
+    label, glyph = STATUS.get(status, (str(status).title(), "•"))
+    return format_html(
+        '<span class="badge status-{}" data-status="{}"><span aria-hidden="true">{}</span> {}</span>',
+        status, status, glyph, label,
+    )
+
+
+@register.filter
+def filesize(n) -> str:
+    try:
+        n = float(n)
+    except (TypeError, ValueError):
+        return ""
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def _raw(value) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+def _is_long(text: str) -> bool:
+    return len(text) > LONG_CHARS or text.count("\n") >= LONG_LINES
+
+
+def _block(label: str, value) -> dict:
+    text = _raw(value)
+    return {"label": label, "text": text, "long": _is_long(text), "size": len(text)}
+
+
+_TITLES = {
+    "agent.spawned": "Spawned",
+    "agent.status": "Status",
+    "agent.restored": "Restored",
+    "agent.lost": "Lost",
+    "agent.child_spawned": "Child spawned",
+    "agent.checkpointed": "Checkpoint",
+    "agent.checkpoint_failed": "Checkpoint failed",
+    "turn.started": "Turn started",
+    "turn.finished": "Turn finished",
+    "turn.interrupted": "Turn interrupted",
+    "message.user": "You",
+    "message.assistant": "Assistant",
+    "message.delta": "…",
+    "tool.dispatched": "Tool call",
+    "tool.result": "Tool result",
+    "steer.delivered": "Steer delivered",
+    "command.prompt": "Prompt",
+    "command.steer": "Steer",
+    "operator.note": "Note",
+    "command.failed": "Command failed",
+}
+
+
+@register.filter
+def event_view(event) -> dict:
+    """How a transcript row is shown: a title, an optional text, optional raw blocks."""
+    etype = event.type
+    data = event.data if isinstance(event.data, dict) else {"value": event.data}
+    kind = etype.split(".")[0]
+    view = {"title": _TITLES.get(etype, etype), "kind": kind, "text": "", "meta": "", "blocks": []}
+    if etype in ("message.user", "message.assistant", "message.delta", "command.prompt",
+                 "command.steer", "steer.delivered", "operator.note"):
+        view["text"] = str(data.get("text", ""))
+        if data.get("by"):
+            view["meta"] = f"by {data['by']}"
+        if data.get("model") == "demo" or data.get("provider") == "demo":
+            view["meta"] = (view["meta"] + " · demo model").strip(" ·")
+    elif etype == "tool.dispatched":
+        view["meta"] = f"{data.get('name', '?')} · {data.get('tool_call_id', '')}"
+        view["blocks"] = [_block("input", data.get("input", {}))]
+    elif etype == "tool.result":
+        code = data.get("exit_code", data.get("exit"))
+        view["meta"] = f"{data.get('tool_call_id', '')}" + ("" if code is None else f" · exit {code}")
+        view["failed"] = code not in (None, 0)
+        view["blocks"] = [_block("output", data.get("output", ""))]
+    elif etype == "agent.status":
+        view["status"] = str(data.get("status", ""))
+        view["meta"] = str(data.get("reason", ""))
+    elif etype == "agent.restored":
+        view["meta"] = f"rung {data.get('rung', '?')} — {data.get('reason', '')}"
+    elif etype in ("turn.finished", "turn.interrupted", "turn.started", "agent.lost"):
+        view["text"] = str(data.get("text", "") or data.get("reason", ""))
+    elif etype == "agent.spawned":
+        spec = data.get("spec") or {}
+        model = spec.get("model", "?") if isinstance(spec, dict) else "?"
+        view["meta"] = f"model {model}" + (" (demo model)" if model == "demo" else "") + (
+            f" · by {data['by']}" if data.get("by") else "")
+        view["blocks"] = [_block("spec", spec)]
+    elif etype == "command.failed":
+        view["text"] = str(data.get("reason", ""))
+        view["meta"] = " · ".join(str(data[k]) for k in ("verb", "code") if data.get(k))
+        view["failed"] = True
+    elif etype == "agent.child_spawned":
+        view["child"] = data.get("child")
+    else:
+        if data:
+            view["blocks"] = [_block("data", data)]
+    return view
+
+
+@register.simple_tag
+def new_key() -> str:
+    """A fresh Idempotency-Key for a form drawn now."""
+    import uuid
+
+    return str(uuid.uuid4())

@@ -1,0 +1,21 @@
+"""Dashboard routes (the JSON API lives under /api/, see sessions/api/urls.py)."""
+
+from django.urls import path, re_path
+
+from .dashboard import actions, agent, tree
+
+_ID = r"(?P<agent_id>[A-Za-z0-9_-]{1,32})"
+
+urlpatterns = [
+    path("", tree.home, name="home"),
+    path("tree", tree.tree_fragment, name="dash-tree"),
+    path("agents/new", actions.spawn, name="dash-spawn"),
+    re_path(rf"^agents/{_ID}/$", agent.agent_page, name="dash-agent"),
+    re_path(rf"^agents/{_ID}/live$", agent.agent_live, name="dash-agent-live"),
+    re_path(rf"^agents/{_ID}/rows$", agent.agent_rows, name="dash-agent-rows"),
+    re_path(
+        rf"^agents/{_ID}/(?P<verb>prompt|steer|interrupt|pause|resume|stop)$",
+        actions.command,
+        name="dash-command",
+    ),
+]

@@ -1,0 +1,223 @@
+/* Alineo dashboard: relative times, per-form Idempotency-Keys, a busy check for
+   polled fragments, and the live transcript.
+
+   The transcript: the page is drawn with its latest page and its cursor
+   (data-cursor, the last seq rendered). A fetch-based SSE reader follows
+   /api/agents/{id}/stream from that cursor (Last-Event-ID and ?after=), and
+   every event only tells us how far the transcript goes; the rows themselves
+   are fetched as the same server-rendered fragment the page used
+   (rows?after=<cursor>), so rows are keyed by seq (id="row-<seq>") and a
+   reconnect can neither duplicate nor skip one. Older pages load on scroll-up
+   (rows?before=<first>) keeping the reading position. */
+(function () {
+  "use strict";
+  var A = (window.alineo = {});
+
+  // --- relative times ----------------------------------------------------------
+  function rel(ms) {
+    var s = (Date.now() - ms) / 1000, future = s < 0; s = Math.abs(s);
+    if (s < 5) return "just now";
+    var n, u;
+    if (s < 60) { n = Math.floor(s); u = "s"; }
+    else if (s < 3600) { n = Math.floor(s / 60); u = "min"; }
+    else if (s < 86400) { n = Math.floor(s / 3600); u = "h"; }
+    else { n = Math.floor(s / 86400); u = "d"; }
+    return future ? "in " + n + " " + u : n + " " + u + " ago";
+  }
+  function elapsed(ms) {
+    var s = Math.max(0, Math.floor((Date.now() - ms) / 1000));
+    return s >= 60 ? Math.floor(s / 60) + " min " + (s % 60) + " s" : s + " s";
+  }
+  A.refreshTimes = function (root) {
+    (root || document).querySelectorAll("time[data-rel]").forEach(function (t) {
+      var ms = Date.parse(t.dateTime); if (!isNaN(ms)) t.textContent = rel(ms);
+    });
+    (root || document).querySelectorAll("time[data-elapsed]").forEach(function (t) {
+      var ms = Date.parse(t.dateTime); if (!isNaN(ms)) t.textContent = elapsed(ms);
+    });
+  };
+  setInterval(function () { A.refreshTimes(document); }, 5000);
+
+  // --- polled fragments wait while the operator is typing or has a form open ---
+  A.busy = function (el) {
+    var a = document.activeElement;
+    if (a && el.contains(a) && a.matches("input, textarea, select")) return true;
+    return !!el.querySelector("details[open]");
+  };
+
+  // --- Idempotency-Key: one per drawn form; a double click sends it twice -----
+  function newKey() {
+    if (window.crypto && crypto.randomUUID) return crypto.randomUUID();
+    return "k-" + Date.now().toString(36) + "-" + Math.random().toString(36).slice(2);
+  }
+  document.addEventListener("htmx:configRequest", function (e) {
+    var form = e.detail.elt.closest ? e.detail.elt.closest("form") : null;
+    var input = form && form.querySelector("input[name=idempotency_key]");
+    if (input && input.value) e.detail.headers["Idempotency-Key"] = input.value;
+  });
+  document.addEventListener("htmx:afterRequest", function (e) {
+    // A form left in place after an answer is a new action next time.
+    var form = e.detail.elt.closest ? e.detail.elt.closest("form") : null;
+    var input = form && document.contains(form) && form.querySelector("input[name=idempotency_key]");
+    if (input && e.detail.successful) input.value = newKey();
+  });
+  document.addEventListener("htmx:afterSwap", function (e) { A.refreshTimes(e.detail.target); });
+
+  // --- the live transcript -------------------------------------------------------
+  function Transcript(box) {
+    this.box = box;
+    this.rows = box.querySelector("#rows");
+    this.banner = document.getElementById("stream-banner");
+    this.cursor = parseInt(box.dataset.cursor || "0", 10);   // last seq rendered
+    this.head = this.cursor;                                   // last seq the stream announced
+    this.first = parseInt(box.dataset.first || "0", 10);
+    this.hasOlder = box.dataset.hasOlder === "1";
+    this.pulling = false; this.loadingOlder = false;
+    this.rowsUrl = box.dataset.rowsUrl; this.streamUrl = box.dataset.streamUrl;
+    box.scrollTop = box.scrollHeight;
+    this.watchOlder();
+    this.follow();
+  }
+  Transcript.prototype.setState = function (state) {
+    this.box.dataset.state = state;
+    if (this.banner) this.banner.hidden = state !== "reconnecting";
+  };
+  Transcript.prototype.fetchRows = function (param, seq) {
+    var url = this.rowsUrl + "?" + param + "=" + seq;
+    return fetch(url, {credentials: "same-origin", cache: "no-store",
+                       headers: {"X-Alineo-Fragment": "1", "HX-Current-URL": location.href}})
+      .then(function (r) {
+        var login = r.headers.get("HX-Redirect");
+        if (login) { location.href = login; throw new Error("logged out"); }
+        if (!r.ok) throw new Error("HTTP " + r.status);
+        return r.text().then(function (html) {
+          var t = document.createElement("template"); t.innerHTML = html;
+          return {rows: Array.prototype.slice.call(t.content.querySelectorAll("li[data-seq]")),
+                  hasMore: r.headers.get("X-Alineo-Has-More") === "1"};
+        });
+      });
+  };
+  Transcript.prototype.atBottom = function () {
+    var b = this.box; return b.scrollHeight - b.scrollTop - b.clientHeight < 40;
+  };
+  // Append rows after the cursor until we reach what the stream announced.
+  Transcript.prototype.pull = function () {
+    var self = this;
+    if (self.pulling || self.cursor >= self.head) return;
+    self.pulling = true;
+    var stick = self.atBottom();
+    self.fetchRows("after", self.cursor).then(function (page) {
+      var added = 0;
+      page.rows.forEach(function (li) {
+        var seq = parseInt(li.dataset.seq, 10);
+        if (seq <= self.cursor || document.getElementById("row-" + seq)) return;  // never twice
+        if (seq !== self.cursor + 1) return;  // never skip: only the next seq may follow
+        self.rows.appendChild(li); self.cursor = seq; added++;
+      });
+      if (added) {
+        var empty = document.getElementById("no-events"); if (empty) empty.remove();
+        if (!self.first) self.first = parseInt(self.rows.firstElementChild.dataset.seq, 10);
+        self.box.dataset.cursor = String(self.cursor);
+        A.refreshTimes(self.rows);
+        if (stick) self.box.scrollTop = self.box.scrollHeight;
+      }
+      if (self.cursor > self.head) self.head = self.cursor;
+      self.pulling = false;
+      if (added && self.cursor < self.head) self.pull();
+      else if (!added && self.cursor < self.head) setTimeout(function () { self.pull(); }, 500);
+    }).catch(function () {
+      self.pulling = false;
+      setTimeout(function () { self.pull(); }, 1000);
+    });
+  };
+  // Follow the SSE stream with fetch (every event type, our own reconnects).
+  Transcript.prototype.follow = function () {
+    var self = this, delay = 500;
+    function retry() {
+      self.setState("reconnecting");
+      setTimeout(connect, delay); delay = Math.min(delay * 2, 4000);
+    }
+    function connect() {
+      var u = new URL(self.streamUrl, location.href);
+      u.searchParams.set("after", String(self.head));
+      fetch(u, {credentials: "same-origin", cache: "no-store",
+                headers: {"Accept": "text/event-stream", "Last-Event-ID": String(self.head)}})
+        .then(function (resp) {
+          if (resp.status === 401) {
+            location.href = "/accounts/login/?next=" + encodeURIComponent(location.pathname); return;
+          }
+          if (resp.status === 404) { self.setState("gone"); return; }
+          if (!resp.ok || !resp.body) throw new Error("HTTP " + resp.status);
+          self.setState("live"); delay = 500;
+          self.pull();
+          var reader = resp.body.getReader(), dec = new TextDecoder(), buf = "";
+          function read() {
+            return reader.read().then(function (r) {
+              if (r.done) throw new Error("stream ended");
+              buf += dec.decode(r.value, {stream: true}).replace(/\r\n?/g, "\n");
+              var i;
+              while ((i = buf.indexOf("\n\n")) >= 0) {
+                var block = buf.slice(0, i); buf = buf.slice(i + 2);
+                var id = null;
+                block.split("\n").forEach(function (line) {
+                  if (line.indexOf("id:") === 0) id = line.slice(3).trim();
+                });
+                if (id !== null && /^[0-9]+$/.test(id)) {
+                  var seq = parseInt(id, 10);
+                  if (seq > self.head) self.head = seq;
+                  self.pull();
+                }
+              }
+              return read();
+            });
+          }
+          return read();
+        })
+        .catch(retry);
+    }
+    connect();
+  };
+  // Older pages: when the top sentinel shows (or its button is pressed).
+  Transcript.prototype.watchOlder = function () {
+    var self = this, sentinel = self.box.querySelector("#older");
+    if (!sentinel) return;
+    var button = sentinel.querySelector("#load-older");
+    if (button) button.addEventListener("click", function () { self.loadOlder(); });
+    if ("IntersectionObserver" in window) {
+      new IntersectionObserver(function (entries) {
+        if (entries.some(function (e) { return e.isIntersecting; })) self.loadOlder();
+      }, {root: self.box, rootMargin: "200px 0px 0px 0px"}).observe(sentinel);
+    }
+  };
+  Transcript.prototype.loadOlder = function () {
+    var self = this;
+    if (!self.hasOlder || self.loadingOlder || !self.first) return;
+    self.loadingOlder = true;
+    self.fetchRows("before", self.first).then(function (page) {
+      var box = self.box, fromBottom = box.scrollHeight - box.scrollTop;
+      var frag = document.createDocumentFragment(), firstSeq = self.first;
+      page.rows.forEach(function (li) {
+        var seq = parseInt(li.dataset.seq, 10);
+        if (seq < self.first && !document.getElementById("row-" + seq)) {
+          frag.appendChild(li); firstSeq = Math.min(firstSeq, seq);
+        }
+      });
+      self.rows.insertBefore(frag, self.rows.firstChild);
+      box.scrollTop = box.scrollHeight - fromBottom;  // the reading position stays put
+      self.first = firstSeq; self.box.dataset.first = String(firstSeq);
+      self.hasOlder = page.hasMore && firstSeq > 1;
+      self.box.dataset.hasOlder = self.hasOlder ? "1" : "0";
+      if (!self.hasOlder) {
+        var s = self.box.querySelector("#older");
+        s.innerHTML = '<span class="muted small">Start of the transcript</span>';
+      }
+      A.refreshTimes(self.rows);
+      self.loadingOlder = false;
+    }).catch(function () { self.loadingOlder = false; });
+  };
+
+  document.addEventListener("DOMContentLoaded", function () {
+    var box = document.getElementById("transcript");
+    if (box) A.transcript = new Transcript(box);
+  });
+})();

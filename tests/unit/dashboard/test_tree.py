@@ -1,0 +1,82 @@
+import pytest
+
+from sessions.models import Agent
+
+pytestmark = pytest.mark.django_db
+
+
+def test_anonymous_goes_to_login_and_back(client):
+    response = client.get("/")
+    assert response.status_code == 302
+    assert response["Location"] == "/accounts/login/?next=/"
+
+
+def test_tree_is_drawn_with_children_inside_parents(logged_in, make_agent):
+    root = make_agent()
+    child = make_agent(parent=root)
+    html = logged_in.get("/").content.decode()
+    node = html.index(f'id="node-{root.id}"')
+    assert node < html.index(f'id="node-{child.id}"')
+    # the child's list sits inside the root's list item
+    assert html.index("<ul>", node) < html.index(f'id="node-{child.id}"')
+
+
+def test_every_status_is_labelled_not_only_coloured(logged_in, make_agent):
+    for status in ("starting", "running", "idle", "paused", "interrupted", "restoring",
+                   "stopped", "lost", "unrecoverable"):
+        make_agent(status=status)
+    html = logged_in.get("/").content.decode()
+    for label in ("Starting", "Running", "Idle", "Paused", "Interrupted", "Restoring",
+                  "Stopped", "Lost", "Unrecoverable"):
+        assert f"</span> {label}</span>" in html
+
+
+def test_running_turn_shows_steps_and_elapsed(logged_in, make_agent):
+    make_agent(facts=[
+        ("agent.spawned", {"spec": {"model": "demo"}}),
+        ("turn.started", {}),
+        ("message.assistant", {"text": "step one"}),
+    ])
+    html = logged_in.get("/").content.decode()
+    assert "turn 1: 1 step," in html and "data-elapsed" in html
+
+
+def test_last_restore_rung_is_shown(logged_in, make_agent):
+    make_agent(facts=[
+        ("agent.spawned", {"spec": {"model": "demo"}}),
+        ("agent.restored", {"rung": "resume", "reason": "bridge restarted"}),
+    ])
+    assert "restored: resume" in logged_in.get("/").content.decode()
+
+
+def test_outsider_does_not_see_other_workspaces(client, outsider, make_agent):
+    agent = make_agent()
+    client.force_login(outsider)
+    assert agent.id not in client.get("/").content.decode()
+
+
+def test_teammate_sees_the_tree(client, teammate, make_agent):
+    agent = make_agent()
+    client.force_login(teammate)
+    assert agent.id in client.get("/").content.decode()
+
+
+def test_stopped_agent_explains_why_commands_cannot_run(logged_in, make_agent):
+    make_agent(status="stopped")
+    html = logged_in.get("/").content.decode()
+    assert "Stopped: commands cannot run" in html
+
+
+def test_every_form_carries_its_own_idempotency_key(logged_in, make_agent):
+    make_agent(), make_agent()
+    html = logged_in.get("/").content.decode()
+    import re
+
+    keys = re.findall(r'name="idempotency_key" value="([^"]+)"', html)
+    assert len(keys) >= 6 and len(set(keys)) == len(keys)
+
+
+def test_relative_times_carry_the_exact_time(logged_in, make_agent):
+    make_agent()
+    html = logged_in.get("/").content.decode()
+    assert 'data-rel>' in html and 'title="20' in html and " UTC" in html
