@@ -10,8 +10,11 @@ This slice holds the parts the backends need now:
 * :func:`check_tar` — the same rules as a read-only pass (the docker backend
   validates before handing a stream to the engine).
 * :func:`pack_home` / :func:`unpack_home` — a sandbox's home as zstd bytes.
-
-Rotation, Checkpoint rows and ``agent.checkpointed`` facts come later.
+* Turn checkpoints for the worker: :func:`store_checkpoint` (streamed to
+  ``DATA_DIR/checkpoints/<agent>/<sandbox>-turn-<n>.tar.zst``, atomically),
+  :func:`restore_checkpoint`, and rotation (:func:`rotate` for paths,
+  :func:`rotate_rows` / :func:`rotate_checkpoints` for Checkpoint rows).
+  The Checkpoint row and the ``agent.checkpointed`` fact are the worker's.
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ from __future__ import annotations
 import io
 import os
 import posixpath
+import re
 import stat
 import tarfile
+import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import IO, Iterable, Iterator, NamedTuple, Sequence
 
 from sandboxes.errors import UnsafeArchive
 
@@ -97,7 +103,7 @@ def clean_name(name: str) -> str:
     return "/".join(p for p in parts if p not in ("", "."))
 
 
-def _resolve(path: str, links: dict[str, str]) -> str | None:
+def _resolve(path: str, links: dict[str, str], seen: set[str] | None = None) -> str | None:
     """Resolve ``path`` (relative to the destination) following the archive's own
     symlinks, purely lexically. None when it leaves the destination or loops."""
     parts = [p for p in path.split("/") if p not in ("", ".")]
@@ -111,6 +117,8 @@ def _resolve(path: str, links: dict[str, str]) -> str | None:
             stack.pop()
             continue
         current = "/".join([*stack, part])
+        if seen is not None:
+            seen.add(current)
         target = links.get(current)
         if target is not None:
             hops += 1
@@ -122,12 +130,13 @@ def _resolve(path: str, links: dict[str, str]) -> str | None:
     return "/".join(stack)
 
 
-def _check_symlink(name: str, target: str, links: dict[str, str]) -> None:
+def _check_symlink(name: str, target: str, links: dict[str, str],
+                   seen: set[str] | None = None) -> None:
     if not target:
         raise _refuse(name, "symlink with an empty target")
     if target.startswith("/"):
         raise _refuse(name, f"symlink to the absolute path {target!r} points outside")
-    if _resolve(posixpath.join(posixpath.dirname(name), target), links) is None:
+    if _resolve(posixpath.join(posixpath.dirname(name), target), links, seen) is None:
         raise _refuse(name, f"symlink to {target!r} points outside the destination")
 
 
@@ -150,42 +159,177 @@ def _under_link(name: str, links: dict[str, str]) -> str | None:
     return None
 
 
+class _Checker:
+    """The extraction rules as a read-only, incremental pass over members.
+
+    After every :meth:`check` all symlinks seen so far are known to stay inside
+    the destination: a later entry that changes a path some earlier link's
+    resolution went through (a new link there, or a link replaced) re-checks
+    every link. So a stream can be forwarded member by member, each one only
+    after it passed (:func:`validated_tar`)."""
+
+    def __init__(self):
+        self.stats = ExtractStats()
+        self.links: dict[str, str] = {}
+        self.traversed: set[str] = set()
+
+    def _check_link(self, name: str, target: str) -> None:
+        _check_symlink(name, target, self.links, self.traversed)
+
+    def _links_changed(self, name: str) -> None:
+        if name in self.traversed:
+            self.traversed = set()
+            for link, target in self.links.items():
+                self._check_link(link, target)
+
+    def check(self, member: tarfile.TarInfo) -> None:
+        name = clean_name(member.name)
+        _check_member_type(member, name)
+        if getattr(member, "sparse", None):
+            raise _refuse(member.name, "sparse files are not supported")
+        if not member.isreg() and member.size:
+            raise _refuse(member.name, "a header-only entry claims data")
+        if name == "":
+            return
+        via = _under_link(name, self.links)
+        if via is not None:
+            raise _refuse(member.name, f"would be written through the symlink {via!r}")
+        if member.issym():
+            self.links[name] = member.linkname
+            self._check_link(name, member.linkname)
+            self._links_changed(name)
+            self.stats.links += 1
+            return
+        if member.islnk():
+            _check_hardlink(member, self.links)
+            self.stats.links += 1
+        elif member.isdir():
+            self.stats.dirs += 1
+        else:
+            self.stats.files += 1
+            self.stats.bytes += member.size
+        if self.links.pop(name, None) is not None:
+            self._links_changed(name)
+
+
 def check_tar(stream, dest: str = "the destination") -> ExtractStats:
     """Validate a whole tar stream without writing anything; raises UnsafeArchive."""
-    stats = ExtractStats()
-    links: dict[str, str] = {}
-    symlinks: list[tuple[str, str]] = []
+    checker = _Checker()
     fileobj = as_fileobj(stream)
     seekable = getattr(fileobj, "seekable", lambda: False)()
     # A seekable file is read header by header, seeking over the data.
     with tarfile.open(fileobj=fileobj, mode="r:" if seekable else "r|") as tf:
         for member in tf:
-            name = clean_name(member.name)
-            _check_member_type(member, name)
-            if name == "":
-                continue
-            via = _under_link(name, links)
-            if via is not None:
-                raise _refuse(member.name, f"would be written through the symlink {via!r}")
-            if member.issym():
-                links[name] = member.linkname
-                symlinks.append((name, member.linkname))
-                _check_symlink(name, member.linkname, links)
-                stats.links += 1
-            elif member.islnk():
-                _check_hardlink(member, links)
-                stats.links += 1
-            elif member.isdir():
-                links.pop(name, None)
-                stats.dirs += 1
-            else:
-                links.pop(name, None)
-                stats.files += 1
-                stats.bytes += member.size
-    for name, target in symlinks:  # later links can change what earlier ones reach
-        if links.get(name) == target:
-            _check_symlink(name, target, links)
-    return stats
+            checker.check(member)
+    return checker.stats
+
+
+_EXTENSION_TYPES = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK,
+                    tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
+_MAX_EXTENSION = 1 << 20
+_ZERO_BLOCK = bytes(512)
+
+
+def _blocks(size: int) -> int:
+    return (size + 511) // 512 * 512
+
+
+def validated_tar(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Pass an uncompressed tar stream through, member by member, each one only
+    after its header passed the extraction rules (the same as :func:`check_tar`);
+    raise UnsafeArchive at the first entry that fails, before any of its bytes
+    were yielded. Lets a consumer (docker's put_archive) extract while the stream
+    is checked, instead of spooling and checking it first. Stops after the
+    end-of-archive marker; a stream that ends without one raises."""
+    checker = _Checker()
+    it = iter(chunks)
+    buf, pos, out = b"", 0, 0
+    group: int | None = None  # where pending extension headers (long names, pax) began
+
+    def refill(need: int):
+        """More bytes until ``need`` are available at pos; returns the validated
+        bytes that can go out first (b"" if none)."""
+        nonlocal buf, pos, out, group
+        safe = pos if group is None else group
+        ready = buf[out:safe]
+        parts = [buf[safe:]]
+        have = len(buf) - safe
+        target = pos - safe + need
+        while have < target:
+            try:
+                chunk = next(it)
+            except StopIteration:
+                raise UnsafeArchive("truncated tar stream: it ends inside an entry or "
+                                    "without an end-of-archive marker") from None
+            parts.append(bytes(chunk))
+            have += len(chunk)
+        buf = b"".join(parts)
+        pos -= safe
+        if group is not None:
+            group -= safe
+        out = 0
+        return ready
+
+    while True:
+        if len(buf) - pos < 512:
+            ready = refill(512)
+            if ready:
+                yield ready
+        block = buf[pos:pos + 512]
+        if block == _ZERO_BLOCK:
+            if group is not None:
+                raise UnsafeArchive("tar stream ends inside an entry's extension headers")
+            if pos > out:
+                yield buf[out:pos]
+            yield _ZERO_BLOCK * 2
+            return
+        try:
+            header = tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
+        except tarfile.HeaderError as exc:
+            raise UnsafeArchive(f"not a valid tar header at an entry boundary ({exc})") from exc
+        if header.type in _EXTENSION_TYPES:
+            if header.size > _MAX_EXTENSION:
+                raise UnsafeArchive(f"tar extension header of {header.size} bytes refused")
+            if group is None:
+                group = pos
+            total = 512 + _blocks(header.size)
+            if len(buf) - pos < total:
+                ready = refill(total)
+                if ready:
+                    yield ready
+            pos += total
+            continue
+        if group is not None:
+            try:
+                with tarfile.open(fileobj=io.BytesIO(buf[group:pos + 512]), mode="r:") as tf:
+                    member = tf.firstmember
+            except tarfile.TarError as exc:
+                raise UnsafeArchive(f"unreadable tar extension headers ({exc})") from exc
+            if member is None:
+                raise UnsafeArchive("tar extension headers without an entry")
+            group = None
+        else:
+            member = header
+        checker.check(member)
+        pos += 512
+        skip = _blocks(member.size) if member.isreg() else 0
+        while skip:
+            avail = len(buf) - pos
+            if avail >= skip:
+                pos += skip
+                break
+            pos = len(buf)
+            skip -= avail
+            if pos > out:
+                yield buf[out:pos]
+            try:
+                buf = bytes(next(it))
+            except StopIteration:
+                raise UnsafeArchive("truncated tar stream: it ends inside a file's data") from None
+            pos = out = 0
+        if pos - out >= 1 << 20:
+            yield buf[out:pos]
+            out = pos
 
 
 def _check_hardlink(member: tarfile.TarInfo, links: dict[str, str]) -> str:
@@ -341,3 +485,158 @@ def unpack_home(backend, sandbox_id: str, data) -> None:
             return unpack_home(backend, sandbox_id, fh)
     reader = zstandard.ZstdDecompressor().stream_reader(as_fileobj(data), closefd=False)
     backend.write_home(sandbox_id, iter_chunks(reader))
+
+
+# --- turn checkpoints: store, restore, rotate ------------------------------------------
+#: Newest turn checkpoints kept per sandbox (BRIEF §2).
+KEEP_CHECKPOINTS = 3
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_TURN_NAME = re.compile(r"-turn-(\d+)\.tar\.zst$")
+
+
+class StoredCheckpoint(NamedTuple):
+    path: Path
+    bytes: int
+    ms: int
+
+
+def checkpoints_root(root: str | os.PathLike | None = None) -> Path:
+    if root is None:
+        from django.conf import settings
+
+        root = Path(settings.DATA_DIR) / "checkpoints"
+    return Path(root)
+
+
+def checkpoint_path(agent_id: str, sandbox_id: str, turn: int, *,
+                    root: str | os.PathLike | None = None) -> Path:
+    """``<root>/<agent_id>/<sandbox_id>-turn-<turn>.tar.zst`` (root defaults to
+    ``DATA_DIR/checkpoints``). Ids that could leave the folder are refused."""
+    for what, value in (("agent id", agent_id), ("sandbox id", sandbox_id)):
+        if not isinstance(value, str) or not _SAFE_ID.match(value):
+            raise ValueError(f"{what} {value!r} cannot name a checkpoint file")
+    if isinstance(turn, bool) or not isinstance(turn, int) or turn < 0:
+        raise ValueError(f"turn must be a non-negative integer, not {turn!r}")
+    return checkpoints_root(root) / agent_id / f"{sandbox_id}-turn-{turn}.tar.zst"
+
+
+def turn_of(path: str | os.PathLike) -> int | None:
+    """The turn number in a checkpoint file's name, or None."""
+    m = _TURN_NAME.search(os.fspath(path))
+    return int(m.group(1)) if m else None
+
+
+def store_checkpoint(backend, sandbox_id: str, agent_id: str, turn: int, *,
+                     root: str | os.PathLike | None = None,
+                     level: int = ZSTD_LEVEL) -> StoredCheckpoint:
+    """Take a turn checkpoint: the home as tar (package caches excluded, by
+    exec'd tar), compressed with zstd on the host while it streams, written to
+    a temp file, fsynced, renamed into place. Returns (path, bytes, ms). On any
+    failure nothing is left behind and the error propagates (the caller
+    journals ``agent.checkpoint_failed``: never a success)."""
+    import zstandard
+
+    t0 = time.monotonic()
+    path = checkpoint_path(agent_id, sandbox_id, turn, root=root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            cctx = zstandard.ZstdCompressor(level=level, threads=-1)
+            with cctx.stream_writer(fh, closefd=False) as writer:
+                for chunk in backend.read_home(sandbox_id):
+                    writer.write(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())
+            size = fh.tell()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return StoredCheckpoint(path, size, int(round((time.monotonic() - t0) * 1000)))
+
+
+def restore_checkpoint(backend, sandbox_id: str, path: str | os.PathLike) -> int:
+    """Extract a turn checkpoint into the sandbox's home (created or running).
+    Unsafe entries are refused (UnsafeArchive) before anything they name is
+    written. Returns the milliseconds it took."""
+    t0 = time.monotonic()
+    unpack_home(backend, sandbox_id, Path(path))
+    return int(round((time.monotonic() - t0) * 1000))
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def rotate(paths: Iterable[str | os.PathLike], keep: int = KEEP_CHECKPOINTS) -> list[Path]:
+    """Delete the checkpoint files of one sandbox beyond the newest ``keep``.
+    Newest = highest turn in the name (``-turn-<n>``), then newest mtime.
+    Returns the paths deleted (or already gone), oldest first."""
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise ValueError(f"keep must be a non-negative integer, not {keep!r}")
+    items = []
+    for p in dict.fromkeys(Path(p) for p in paths):
+        try:
+            mtime = p.stat().st_mtime
+        except FileNotFoundError:
+            mtime = float("-inf")
+        turn = turn_of(p)
+        items.append(((-1 if turn is None else turn), mtime, str(p), p))
+    items.sort(reverse=True)
+    doomed = [p for *_, p in items[keep:]]
+    for p in doomed:
+        p.unlink(missing_ok=True)
+    return list(reversed(doomed))
+
+
+def rotate_rows(rows: Sequence, keep: int = KEEP_CHECKPOINTS) -> list:
+    """Given the Checkpoint rows of ONE sandbox (any objects with ``turn``,
+    ``path``, ``deleted_at`` and ``pk``/``id``; ``created_at`` optional), delete
+    the files of the rows beyond the newest ``keep`` live ones and return those
+    rows (oldest first) for the caller to mark ``deleted_at``. Rows already
+    marked deleted are neither counted nor returned."""
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise ValueError(f"keep must be a non-negative integer, not {keep!r}")
+    live = [r for r in rows if getattr(r, "deleted_at", None) is None]
+
+    def order(r):
+        created = getattr(r, "created_at", None)
+        return (r.turn, created.timestamp() if created is not None else 0.0,
+                getattr(r, "pk", None) or getattr(r, "id", 0) or 0)
+
+    live.sort(key=order, reverse=True)
+    doomed = live[keep:]
+    for r in doomed:
+        if r.path:
+            Path(r.path).unlink(missing_ok=True)
+    return list(reversed(doomed))
+
+
+def rotate_checkpoints(agent_id: str, sandbox_id: str, keep: int = KEEP_CHECKPOINTS) -> list[int]:
+    """Rotation in the database: the Checkpoint rows of one sandbox beyond the
+    newest ``keep`` get their files deleted and ``deleted_at`` set. Returns
+    their ids. Files go first: a crash in between leaves a row pointing at a
+    missing file, which a restore skips (it is never the newest)."""
+    from django.utils import timezone
+
+    from sessions.models import Checkpoint
+
+    rows = list(Checkpoint.objects.filter(agent_id=agent_id, sandbox_id=sandbox_id,
+                                          deleted_at__isnull=True))
+    doomed = rotate_rows(rows, keep)
+    ids = [r.pk for r in doomed]
+    if ids:
+        Checkpoint.objects.filter(pk__in=ids, deleted_at__isnull=True).update(
+            deleted_at=timezone.now())
+    return ids

@@ -10,7 +10,7 @@ The Debian mirror comes from this machine's apt configuration
 (/etc/apt/sources.list and sources.list.d), never from a hardcoded host;
 ``ALINEO_DEBIAN_MIRROR`` (and ``ALINEO_DEBIAN_SECURITY_MIRROR``) override it.
 
-Setup snapshots (one image per spec) come in a later slice.
+Setup snapshots (one image per spec) are built by sandboxes.setup.
 """
 
 from __future__ import annotations

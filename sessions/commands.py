@@ -61,7 +61,7 @@ def spawn(user, body: Any, key: str | None = None) -> Outcome:
     body = _object(body)
     _only(body, ("spec", "parent", "prompt"))
     try:
-        spec = specs.validate(body.get("spec"))
+        spec = specs.validate_for_spawn(body.get("spec"))
     except specs.SpecError as exc:
         raise CommandRefused(400, "spec.invalid", str(exc), field=exc.field) from exc
     parent_id = body.get("parent")

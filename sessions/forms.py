@@ -70,7 +70,7 @@ class SpawnForm(KeyedForm):
         if not isinstance(value, dict):
             raise forms.ValidationError("The spec must be a JSON object, e.g. {\"model\": \"demo\"}.")
         try:
-            specs.validate(value)
+            specs.validate_for_spawn(value)
         except specs.SpecError as exc:
             raise forms.ValidationError(str(exc))
         return value

@@ -5,6 +5,11 @@ specs. `validate()` returns a normalized copy with every default filled in, so
 the rest of the system (and the transcript's `agent.spawned` fact) never has to
 guess what a missing field meant. Specs hold no secrets: a credential is bound
 by name, and its value lives outside the spec.
+
+`validate()` is pure (no engine, no database). `check_available()` adds what
+needs the sandbox backend — an `image` other than "default" must exist there —
+and `validate_for_spawn()` does both: call it where an agent is about to be
+created, before anything is written.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ NETWORKS = ("none", "host")
 APPROVALS = ("auto", "hold")
 PROVIDERS = ("openai", "anthropic")
 DEFAULT_IMAGE = "default"  # the project's base image, built by sandboxes.images
+#: The env variable a provider's key is read from (sandboxes/bridge/config.py).
+PROVIDER_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 
 # Upper bounds keep a typo (memory_mb: 10**20) from reaching a backend as an
 # integer no database column or container runtime can hold.
@@ -72,6 +79,68 @@ def validate(spec: Any) -> dict[str, Any]:
         if key in spec:
             out[key] = check(key, spec[key])
     out["limits"] = {**DEFAULTS["limits"], **out["limits"]}
+    _check_together(out)
+    return out
+
+
+def _check_together(spec: dict[str, Any]) -> None:
+    """Checks that involve more than one field."""
+    if spec["packages"] and spec["network"] != "host":
+        raise SpecError(
+            "packages",
+            'packages need network: host (they are installed from the Debian mirror at '
+            'setup); set "network": "host" or install nothing',
+        )
+    provider = spec["model"].partition(":")[0]
+    key_env = PROVIDER_KEY_ENV.get(provider)
+    if key_env and key_env not in {b["env"] for b in spec["credentials"]}:
+        raise SpecError(
+            "credentials",
+            f"the model {spec['model']!r} needs a credential binding that provides "
+            f'{key_env}, e.g. {{"name": "{provider}", "env": "{key_env}"}}',
+        )
+
+
+def check_available(spec: dict[str, Any], backend=None) -> None:
+    """Checks against the sandbox backend (a normalized spec): an `image` other
+    than "default" must exist there (docker: `image inspect`; local: a snapshot
+    it made), and packages need the docker backend. Raises SpecError. A backend
+    that cannot answer now is not the spec's fault: it is let through (the
+    worker reports it when it creates the sandbox)."""
+    from sandboxes.errors import SandboxError
+
+    if backend is None:
+        from sandboxes.backends.base import get_backend
+
+        backend = get_backend()
+    if spec.get("packages") and backend.name != "docker":
+        raise SpecError("packages", "packages need the docker backend (this server runs "
+                                    "agents with the local backend, which installs nothing)")
+    image = spec.get("image") or DEFAULT_IMAGE
+    if image == DEFAULT_IMAGE:
+        return
+    if backend.name == "local" and not image.startswith("local-snapshot/"):
+        raise SpecError("image", f"image {image!r} does not exist: the local backend runs on "
+                                 'the host and knows only "default" and its own snapshots '
+                                 "(local-snapshot/<name>)")
+    try:
+        exists = backend.image_exists(image)
+    except SandboxError as exc:
+        if getattr(exc, "permanent", False):
+            raise SpecError("image", f"{image!r} cannot be used: {exc}") from exc
+        return
+    if not exists:
+        where = ("on the Docker engine (build, import or pull it first)"
+                 if backend.name == "docker" else
+                 "as a snapshot of the local backend (local images are "
+                 "local-snapshot/<name> refs made by a commit)")
+        raise SpecError("image", f"image {image!r} does not exist {where}")
+
+
+def validate_for_spawn(spec: Any, backend=None) -> dict[str, Any]:
+    """`validate()` then `check_available()`: what POST /api/agents runs."""
+    out = validate(spec)
+    check_available(out, backend)
     return out
 
 

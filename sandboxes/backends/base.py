@@ -188,8 +188,9 @@ class SandboxBackend(abc.ABC):
         that would escape it (UnsafeArchive)."""
 
     @abc.abstractmethod
-    def commit(self, sandbox_id: str, tag: str) -> str:
-        """Snapshot the sandbox; returns a ref that :meth:`create` takes as image."""
+    def commit(self, sandbox_id: str, tag: str, *, labels: Mapping[str, str] | None = None) -> str:
+        """Snapshot the sandbox; returns a ref that :meth:`create` takes as image.
+        ``labels`` are put on the snapshot (docker: image labels)."""
 
     @abc.abstractmethod
     def stop(self, sandbox_id: str, timeout: float = 10) -> None: ...
@@ -209,6 +210,16 @@ class SandboxBackend(abc.ABC):
 
     @abc.abstractmethod
     def image_exists(self, image: str) -> bool: ...
+
+    def image_id(self, image: str) -> str:
+        """A stable identity of what ``image`` holds now (docker: the image id),
+        so a setup snapshot built on it is rebuilt when the image changes.
+        Raises ImageMissing when it does not exist."""
+        from sandboxes.errors import ImageMissing
+
+        if not self.image_exists(image):
+            raise ImageMissing(f"image {image} not found")
+        return image
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}>"

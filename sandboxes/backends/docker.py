@@ -234,6 +234,14 @@ class DockerBackend(SandboxBackend):
         return result
 
     def read_home(self, sandbox_id: str) -> Iterator[bytes]:
+        """The home as tar. Fast path (control plane is root on the engine's
+        host, overlay2, container running): GNU tar on the host over the
+        container's merged dir — the same files exec'd tar would see, without
+        streaming them through dockerd (about 2x faster for 50 MB). Otherwise,
+        and whenever that cannot be set up safely: exec'd tar in the container."""
+        fd = self._host_home_fd(sandbox_id)
+        if fd is not None:
+            return self._host_tar(sandbox_id, fd)
         client = self.stream_client
         with self._errors(sandbox_id):
             exec_id = client.api.exec_create(
@@ -241,6 +249,61 @@ class DockerBackend(SandboxBackend):
             )["Id"]
             stream = client.api.exec_start(exec_id, stream=True, demux=True)
         return self._drain_tar(sandbox_id, client, exec_id, stream)
+
+    def _host_home_fd(self, sandbox_id: str) -> int | None:
+        """An O_NOFOLLOW directory fd on the running container's merged /root,
+        or None when the fast path does not apply. The fd (not the path) is what
+        the host tar works in: a container that turned /root into a symlink
+        (to "/etc", say, which the host would resolve to ITS /etc) is refused."""
+        if os.environ.get("ALINEO_DOCKER_HOST_TAR", "1") == "0" or os.geteuid() != 0:
+            return None
+        host = os.environ.get("DOCKER_HOST", "")
+        if host and not host.startswith("unix://"):
+            return None
+        try:
+            info = self.client.api.inspect_container(sandbox_id)
+            if info["State"].get("Status") != "running" or info["GraphDriver"]["Name"] != "overlay2":
+                return None
+            merged = info["GraphDriver"]["Data"]["MergedDir"]
+            if not merged or not os.path.isdir(merged):
+                return None
+            top = os.open(merged, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                return os.open("root", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
+            finally:
+                os.close(top)
+        except Exception:  # noqa: BLE001 - any doubt: the exec path
+            return None
+
+    def _host_tar(self, sandbox_id: str, fd: int) -> Iterator[bytes]:
+        import subprocess
+
+        try:
+            argv = home_tar_argv(f"/proc/self/fd/{fd}")
+            with tempfile.TemporaryFile() as errf:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=errf, pass_fds=(fd,))
+                try:
+                    while True:
+                        chunk = proc.stdout.read(1 << 20)
+                        if not chunk:
+                            break
+                        yield chunk
+                finally:
+                    proc.stdout.close()
+                    try:
+                        proc.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                    code = proc.wait()
+                errf.seek(0)
+                stderr = errf.read()
+        finally:
+            os.close(fd)
+        if code not in (0, 1):  # 1: "file changed as we read it", a warning
+            raise ExecFailed(
+                f"tar of the home dir of {sandbox_id[:12]} failed with exit code {code}: "
+                + stderr.decode(errors="replace")[-2000:], exit_code=code, stderr=stderr)
 
     def _drain_tar(self, sandbox_id, client, exec_id, stream) -> Iterator[bytes]:
         errors = []
@@ -262,26 +325,28 @@ class DockerBackend(SandboxBackend):
                         b"".join(errors).decode(errors="replace")[-500:])
 
     def write_home(self, sandbox_id: str, tar_chunks: Iterable[bytes]) -> None:
-        """Validate the whole stream first (spooled: memory up to 64 MB, then a
-        temp file), then hand it to the engine; works on stopped containers too."""
-        from sandboxes.checkpoints import check_tar
+        """Stream the tar to the engine (``put_archive``; works on created and
+        stopped containers too) while checking it: each entry is forwarded only
+        after its header passed the extraction rules, so the first unsafe entry
+        aborts the upload before any of its bytes reach the engine (entries
+        before it stay, all inside the home). Checking while streaming saves
+        the spool-then-check pass (~0.3 s for 5,000 files)."""
+        from sandboxes.checkpoints import validated_tar
 
-        with tempfile.SpooledTemporaryFile(max_size=64 << 20) as spool:
-            for chunk in tar_chunks:
-                spool.write(chunk)
-            spool.seek(0)
-            check_tar(spool, dest=HOME)
-            spool.seek(0)
-            with self._errors(sandbox_id):
-                self.stream_client.api.put_archive(sandbox_id, HOME, _chunks(spool))
+        with self._errors(sandbox_id):
+            self.stream_client.api.put_archive(sandbox_id, HOME, validated_tar(tar_chunks))
 
-    def commit(self, sandbox_id: str, tag: str) -> str:
+    def commit(self, sandbox_id: str, tag: str, *,
+               labels: Mapping[str, str] | None = None) -> str:
+        """``docker commit`` (paused while it runs). The image keeps the
+        container's labels (the engine merges them) plus ``labels``."""
         repository, _, version = tag.rpartition(":")
         if not repository or "/" in version:
             repository, version = tag, "latest"
+        conf = {"Labels": {str(k): str(v) for k, v in labels.items()}} if labels else None
         with self._errors(sandbox_id):
             self.stream_client.api.commit(
-                sandbox_id, repository=repository, tag=version, pause=True,
+                sandbox_id, repository=repository, tag=version, pause=True, conf=conf,
             )
         return f"{repository}:{version}"
 
@@ -330,6 +395,17 @@ class DockerBackend(SandboxBackend):
             except de.NotFound:
                 return False
         return True
+
+    def image_id(self, image: str) -> str:
+        import docker.errors as de
+        from sandboxes.images import resolve_image
+
+        image = resolve_image(image)
+        with self._errors(image=image):
+            try:
+                return self.client.api.inspect_image(image)["Id"]
+            except de.NotFound as exc:
+                raise ImageMissing(f"image {image} not found") from exc
 
     def remove_image(self, image: str) -> None:
         import docker.errors as de

@@ -288,7 +288,8 @@ class LocalBackend(SandboxBackend):
         self._existing(sandbox_id)
         safe_extract(as_fileobj(tar_chunks), self.home(sandbox_id))
 
-    def commit(self, sandbox_id: str, tag: str) -> str:
+    def commit(self, sandbox_id: str, tag: str, *,
+               labels: Mapping[str, str] | None = None) -> str:
         if not tag:
             raise SandboxError("commit needs a tag", permanent=True)
         self._existing(sandbox_id)
@@ -298,7 +299,10 @@ class LocalBackend(SandboxBackend):
         staging = Path(tempfile.mkdtemp(prefix=".new-", dir=target.parent))
         try:
             shutil.copytree(self.home(sandbox_id), staging / "home", symlinks=True)
-            _write_json(staging / "meta.json", {"ref": ref, "from": sandbox_id, "created": time.time()})
+            _write_json(staging / "meta.json", {
+                "ref": ref, "from": sandbox_id, "created": time.time(),
+                "id": uuid.uuid4().hex, "labels": {str(k): str(v) for k, v in (labels or {}).items()},
+            })
             if target.exists():  # a tag is moved, as `docker commit` moves it
                 old = target.with_name(f".old-{uuid.uuid4().hex[:8]}")
                 os.rename(target, old)
@@ -364,6 +368,16 @@ class LocalBackend(SandboxBackend):
         if image.startswith(SNAPSHOT_PREFIX):
             return (self._snapshot_dir(image) / "home").is_dir()
         return True
+
+    def image_id(self, image: str) -> str:
+        """A snapshot's id (new at each commit); the host "image" is its name."""
+        if image.startswith(SNAPSHOT_PREFIX):
+            try:
+                meta = json.loads((self._snapshot_dir(image) / "meta.json").read_text())
+            except (FileNotFoundError, ValueError) as exc:
+                raise ImageMissing(f"local snapshot {image} not found") from exc
+            return meta.get("id") or f"{image}@{meta.get('created')}"
+        return image
 
     def remove_image(self, image: str) -> None:
         if image.startswith(SNAPSHOT_PREFIX):

@@ -83,11 +83,15 @@ def test_child_lives_in_the_parents_workspace(api, teammate_api, spawned, worksp
 
 
 def test_spec_in_the_transcript_is_secret_free(api):
+    from sessions.credentials import set_secret
+
+    set_secret(Workspace.objects.get(), "openai", "sk-canary-secret-value")
     spec = {"credentials": [{"name": "openai", "env": "OPENAI_API_KEY"}]}
     body = api.post("/api/agents", {"spec": spec}).json()
     assert facts(body["id"])[0][1]["spec"]["credentials"] == [
         {"name": "openai", "env": "OPENAI_API_KEY", "approval": "auto"}
     ]
+    assert "sk-canary-secret-value" not in str(facts(body["id"]))
 
 
 def test_a_secret_in_a_spec_is_refused(api):

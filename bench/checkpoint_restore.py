@@ -1,0 +1,212 @@
+#!/usr/bin/env python
+"""Turn checkpoints and restore, on the docker backend (local for reference).
+
+Home: 5,000 files / ~50 MB under ~/work (75% text, 25% random) plus what the
+checkpoint leaves out: a 200 MB ~/.cache (random), 5 MB of ~/.npm and 100
+__pycache__/*.pyc files.
+
+- checkpoint (target < 0.5 s and <= 1.5x): sandboxes.checkpoints.store_checkpoint
+  (exec'd tar with the cache exclusions, streamed out of the container,
+  zstd-1 on the host while it streams, fsync, rename) against a plain
+  `tar -cf - <same excludes> . | zstd -1 -T0 > file` run on the host over the
+  same files (the container's merged overlay dir; the local sandbox's home),
+  in the same run, interleaved. Medians of the repetitions; the ratio is the
+  median of per-pair ratios.
+- restore (target < 1.5 s warm): a fresh container from the image →
+  restore_checkpoint (streamed, checked while streaming) → start → the first
+  answered exec. One warm-up, then the median of several; the container
+  removal is not timed.
+
+Every container carries the label alineo.bench=<run id> and is removed at the
+end (also on failure).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import _common as C  # noqa: E402
+
+RUN = uuid.uuid4().hex[:8]
+LABELS = {"alineo.bench": RUN}
+
+FILL = r"""
+import os, random
+home = os.environ["HOME"]
+r = random.Random(7)
+text = b"".join(b"line %d of some source text, words words words\n" % i for i in range(400))
+for i in range(5000):
+    d = os.path.join(home, "work", "d%02d" % (i % 50))
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "f%04d.txt" % i), "wb") as f:
+        f.write(os.urandom(10000) if i % 4 == 0 else (text * 1)[:10000])
+for j in range(100):
+    d = os.path.join(home, "work", "pkg%02d" % (j % 10), "__pycache__")
+    os.makedirs(d, exist_ok=True)
+    open(os.path.join(d, "m%d.pyc" % j), "wb").write(os.urandom(2000))
+os.makedirs(os.path.join(home, ".npm", "_cacache"), exist_ok=True)
+open(os.path.join(home, ".npm", "_cacache", "blob"), "wb").write(os.urandom(5 << 20))
+os.makedirs(os.path.join(home, ".cache"), exist_ok=True)
+with open(os.path.join(home, ".cache", "big.bin"), "wb") as f:
+    for _ in range(200):
+        f.write(os.urandom(1 << 20))
+"""
+
+
+def plain_tar_zstd(home: str, out: Path) -> float:
+    from sandboxes.backends.base import HOME_EXCLUDES
+
+    t0 = time.perf_counter()
+    with open(out, "wb") as fh:
+        tar = subprocess.Popen(["tar", "-C", home, "-cf", "-", *HOME_EXCLUDES, "."],
+                               stdout=subprocess.PIPE)
+        z = subprocess.run(["zstd", "-1", "-T0", "-q", "-c"], stdin=tar.stdout, stdout=fh)
+        tar.stdout.close()
+        tar.wait()
+        fh.flush()
+        os.fsync(fh.fileno())
+    assert z.returncode == 0 and tar.returncode in (0, 1)
+    return time.perf_counter() - t0
+
+
+def measure_checkpoint(backend, sid, host_home, work: Path, reps: int, label: str):
+    from sandboxes.checkpoints import store_checkpoint
+
+    ours, plain, ratios, sizes = [], [], [], []
+    for i in range(reps):
+        first_ours = i % 2 == 0
+        for which in ((0, 1) if first_ours else (1, 0)):
+            if which == 0:
+                stored = store_checkpoint(backend, sid, "bench", i, root=work / label)
+                ours.append(stored.ms / 1000)
+                sizes.append(stored.bytes)
+            else:
+                plain.append(plain_tar_zstd(host_home, work / f"{label}-plain-{i}.tar.zst"))
+        ratios.append(ours[-1] / plain[-1])
+    plain_size = (work / f"{label}-plain-0.tar.zst").stat().st_size
+    return ours, plain, ratios, sizes[-1], plain_size
+
+
+def main() -> int:
+    args = C.parser(__doc__.splitlines()[0]).parse_args()
+    reps = 3 if args.quick else 5
+    restore_reps = 3 if args.quick else 6
+    rows = []
+    work = C.make_data_dir("ckpt")
+    from sandboxes.backends.base import docker_engine_answers
+    from sandboxes.backends.local import LocalBackend
+
+    docker_ok = docker_engine_answers()
+    backend = None
+    made: list[str] = []
+    try:
+        if docker_ok:
+            from sandboxes import images
+            from sandboxes.backends.docker import DockerBackend
+            from sandboxes.checkpoints import restore_checkpoint
+
+            images.ensure_base_image()
+            backend = DockerBackend()
+            sid = backend.create("bench-ckpt", "default", labels=LABELS,
+                                 limits={"memory_mb": 2048, "pids": 512})
+            made.append(sid)
+            backend.start(sid)
+            res = backend.exec(sid, ["python3", "-c", FILL], timeout=600)
+            assert res.ok, res.stderr
+            merged = backend.inspect(sid)["GraphDriver"]["Data"]["MergedDir"] + "/root"
+            ours, plain, ratios, size, plain_size = measure_checkpoint(
+                backend, sid, merged, work, reps, "docker")
+            m, p, r = C.median(ours), C.median(plain), C.median(ratios)
+            rows.append(C.row(
+                "checkpoint: docker, 5k files/50 MB + 200 MB cache", m * 1000, p * 1000, r,
+                "< 500 ms and <= 1.5x", m < 0.5 and r <= 1.5, "ms",
+                note=(f"store_checkpoint runs {', '.join(f'{x * 1000:.0f}' for x in ours)} ms; "
+                      f"host tar|zstd -1 -T0 of the container's merged dir "
+                      f"{', '.join(f'{x * 1000:.0f}' for x in plain)} ms; "
+                      f"{size / 1e6:.1f} MB vs {plain_size / 1e6:.1f} MB compressed")))
+            ckpt = work / "docker" / "bench" / f"{sid}-turn-{reps - 1}.tar.zst"
+
+            # Restore: fresh container from the image + the checkpoint -> first answered exec.
+            times, splits, floors = [], [], []
+            for i in range(restore_reps + 1):
+                # The floor: the same checkpoint unpacked by host zstd | tar on the same disk.
+                dest = work / f"floor-{i}"
+                dest.mkdir()
+                f0 = time.perf_counter()
+                subprocess.run(f"zstd -dc -q {ckpt} | tar -x -C {dest} -f -", shell=True,
+                               check=True)
+                floor = time.perf_counter() - f0
+                shutil.rmtree(dest)
+                t0 = time.perf_counter()
+                new = backend.create("bench-restore", "default", labels=LABELS)
+                made.append(new)
+                t1 = time.perf_counter()
+                restore_checkpoint(backend, new, ckpt)
+                t2 = time.perf_counter()
+                backend.start(new)
+                t3 = time.perf_counter()
+                out = backend.exec(new, ["sh", "-c", "ls work | wc -l"], timeout=30)
+                t4 = time.perf_counter()
+                assert out.ok and out.text.strip() == "60", out
+                if i > 0:  # the first one warms caches up
+                    floors.append(floor)
+                    times.append(t4 - t0)
+                    splits.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3))
+                backend.remove(new)
+                made.remove(new)
+            med = C.median(times)
+            split = [C.median([s[k] for s in splits]) * 1000 for k in range(4)]
+            ratio = C.median([t / f for t, f in zip(times, floors)])
+            rows.append(C.row(
+                "restore: docker, image + checkpoint -> 1st exec", med * 1000,
+                C.median(floors) * 1000, ratio, "< 1500 ms warm", med < 1.5, "ms",
+                note=(f"median of {len(times)} after 1 warm-up; runs "
+                      f"{', '.join(f'{x * 1000:.0f}' for x in times)} ms; median split create "
+                      f"{split[0]:.0f} / load checkpoint {split[1]:.0f} / start {split[2]:.0f} / "
+                      f"first exec {split[3]:.0f} ms; baseline = host `zstd -dc | tar -x` of "
+                      f"the same checkpoint into a dir on the same disk (the floor), runs "
+                      f"{', '.join(f'{x * 1000:.0f}' for x in floors)} ms")))
+            backend.remove(sid)
+            made.remove(sid)
+        else:
+            rows.append(C.row("checkpoint/restore: docker", "skipped", "-", None, "-", "info",
+                              note="no Docker engine answers"))
+
+        # Local backend, for reference.
+        local = LocalBackend(root=work / "local-sandboxes")
+        lsid = local.create("bench-local", "host", labels=LABELS)
+        local.start(lsid)
+        try:
+            res = local.exec(lsid, [sys.executable, "-c", FILL], timeout=600)
+            assert res.ok, res.stderr
+            ours, plain, ratios, size, plain_size = measure_checkpoint(
+                local, lsid, local.home(lsid), work, reps, "local")
+            m, p, r = C.median(ours), C.median(plain), C.median(ratios)
+            rows.append(C.row(
+                "checkpoint: local (reference)", m * 1000, p * 1000, r, "info", "info", "ms",
+                note=(f"store_checkpoint runs {', '.join(f'{x * 1000:.0f}' for x in ours)} ms; "
+                      f"tar|zstd {', '.join(f'{x * 1000:.0f}' for x in plain)} ms")))
+        finally:
+            local.remove(lsid)
+    finally:
+        if backend is not None:
+            for sid in made:
+                try:
+                    backend.remove(sid)
+                except Exception:  # noqa: BLE001
+                    pass
+        shutil.rmtree(work, ignore_errors=True)
+    C.emit(rows, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
