@@ -8,7 +8,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from .models import Agent, ApiToken, Checkpoint, Command, Event, Snapshot, Workspace
+from .models import Agent, ApiToken, Checkpoint, Command, Event, RetentionSweep, Snapshot, Workspace
 
 MAX_DAYS = getattr(settings, "ALINEO_CHECKPOINT_MAX_DAYS", 30)
 
@@ -86,6 +86,10 @@ class WorkspaceAdmin(admin.ModelAdmin):
         ]
         if obj.zero_data_retention:
             lines.append(("Zero data retention: every checkpoint is removed, none taken", e["zero_data_retention"]))
+        last = RetentionSweep.objects.first()
+        lines.append(("Last sweep (all workspaces)",
+                      f"{last.finished_at:%Y-%m-%d %H:%M:%S} UTC, removed {last.removed}"
+                      f"{' ' + str(last.by_reason) if last.by_reason else ''}" if last else "not run yet"))
         return format_html("<ul class='sweep-effect'>{}</ul>",
                            format_html_join("", "<li>{}: <strong>{}</strong></li>", lines))
 

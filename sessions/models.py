@@ -257,3 +257,15 @@ class Credential(models.Model):
 
     def __str__(self) -> str:
         return f"{self.workspace}/{self.name}"
+
+
+class RetentionSweep(models.Model):
+    """One run of the worker's checkpoint retention sweep, shown in the admin."""
+
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+    removed = models.PositiveIntegerField(default=0)
+    by_reason = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["-started_at"]
