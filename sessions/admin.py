@@ -8,7 +8,9 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from .models import Agent, ApiToken, Checkpoint, Command, Event, RetentionSweep, Snapshot, Workspace
+from .models import (
+    Agent, ApiToken, Checkpoint, Command, Credential, Event, RetentionSweep, Snapshot, Workspace,
+)
 
 MAX_DAYS = getattr(settings, "ALINEO_CHECKPOINT_MAX_DAYS", 30)
 
@@ -187,3 +189,29 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False  # tokens are issued by `manage.py issue_token`, which shows the secret once
+
+
+class CredentialForm(forms.ModelForm):
+    # Write-only: the stored value is never rendered back into the page.
+    secret = forms.CharField(widget=forms.PasswordInput(render_value=False), required=False,
+                             help_text="Leave empty to keep the stored value.")
+
+    class Meta:
+        model = Credential
+        fields = ["workspace", "name", "secret"]
+
+    def clean_secret(self):
+        value = self.cleaned_data.get("secret")
+        if not value:
+            if self.instance.pk:
+                return self.instance.secret
+            raise forms.ValidationError("A new credential needs a value.")
+        return value
+
+
+@admin.register(Credential)
+class CredentialAdmin(admin.ModelAdmin):
+    form = CredentialForm
+    list_display = ["name", "workspace", "updated_at"]
+    list_filter = ["workspace"]
+    search_fields = ["name"]

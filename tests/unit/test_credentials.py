@@ -42,3 +42,16 @@ def test_set_credential_command_reads_the_value_from_the_environment(workspace, 
     assert "value-from-env" not in capsys.readouterr().out
     with pytest.raises(CommandError, match="no workspace"):
         call_command("set_credential", "nope", "deploy", from_env="MY_SECRET")
+
+
+def test_the_admin_never_renders_a_stored_secret(client, workspace, django_user_model):
+    admin = django_user_model.objects.create_superuser("root", password="pw-123456789")
+    cred = credentials.set_secret(workspace, "gh", "ghp_super_secret_value")
+    client.force_login(admin)
+    page = client.get(f"/admin/agent_sessions/credential/{cred.pk}/change/").content.decode()
+    assert "ghp_super_secret_value" not in page
+    response = client.post(f"/admin/agent_sessions/credential/{cred.pk}/change/",
+                           {"workspace": workspace.pk, "name": "gh", "secret": ""})
+    assert response.status_code == 302
+    cred.refresh_from_db()
+    assert cred.secret == "ghp_super_secret_value"  # empty keeps the stored value
