@@ -5,15 +5,17 @@ sessions.journal. The SSE stream is routed in asgi.py, before Django."""
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 from django.conf import settings
 from django.db.models import Q
 from django.http import JsonResponse
 from django.views import defaults
+from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from .. import commands, journal
-from ..models import Agent, AgentStatus, iso_ts
+from ..models import Agent, AgentStatus, Checkpoint, Event, iso_ts
 from .auth import visible_agent
 from .errors import ApiError, error_response, not_found
 from .handler import api_view, idempotency_key, json_body, outcome_response, query_int
@@ -160,13 +162,48 @@ def agent_events(request, user, agent_id: str):
     )
 
 
-# --- not yet built (checkpoints and fork land with their issue) ----------------------
+# --- checkpoints ---------------------------------------------------------------------
 
 
 @api_view("GET")
 def agent_checkpoints(request, user, agent_id: str):
-    _agent(user, agent_id)
-    return error_response(501, "not_implemented", "Checkpoint listing is not implemented yet.")
+    """Secret-free metadata of the agent's checkpoints, newest first: never their
+    contents. A zero-data-retention workspace has none to list."""
+    agent = _agent(user, agent_id)
+    if agent.workspace.zero_data_retention:
+        return JsonResponse({"checkpoints": [], "zero_data_retention": True})
+    rows = list(Checkpoint.objects.filter(agent=agent).order_by("-created_at", "-id")[:200])
+    event_ids = dict(
+        Event.objects.filter(agent=agent, seq__in=[cp.through_seq for cp in rows]).values_list("seq", "id")
+    )
+    max_age = timedelta(days=agent.workspace.checkpoint_max_age_days)
+    now = timezone.now()
+    return JsonResponse({"checkpoints": [_checkpoint(cp, event_ids, max_age, now) for cp in rows],
+                         "zero_data_retention": False})
+
+
+def _checkpoint(cp: Checkpoint, event_ids: dict, max_age, now) -> dict:
+    # A shortened policy brings expiry forward; nothing ever pushes it later.
+    expires = min(cp.expires_at, cp.created_at + max_age)
+    state = "deleted" if cp.deleted_at else ("expired" if expires <= now else "live")
+    return {
+        "id": cp.pk,
+        "turn": cp.turn,
+        "through_sequence": cp.through_seq,
+        "through_event_id": event_ids.get(cp.through_seq),
+        "sandbox_id": cp.sandbox_id,
+        "harness_revision": cp.harness_revision,
+        "profile_revision": cp.profile_revision,
+        "bytes": cp.bytes,
+        "duration_ms": cp.duration_ms,
+        "created_at": iso_ts(cp.created_at),
+        "expires_at": iso_ts(expires),
+        "deleted_at": iso_ts(cp.deleted_at) if cp.deleted_at else None,
+        "state": state,
+    }
+
+
+# --- not yet built (fork lands with its issue) ------------------------------------------
 
 
 @api_view("POST")

@@ -1,4 +1,4 @@
-"""Checkpoints and fork: authenticated and scoped, then 501 until their issue lands."""
+"""Fork: authenticated and scoped, then 501 until its issue lands; checkpoints are scoped alike."""
 
 import pytest
 
@@ -7,11 +7,6 @@ from sessions.models import Agent
 from .conftest import assert_error
 
 pytestmark = pytest.mark.django_db
-
-
-def test_checkpoints_answer_501_to_members(api, teammate_api, spawned):
-    assert_error(api.get(f"/api/agents/{spawned}/checkpoints"), 501, "not_implemented")
-    assert_error(teammate_api.get(f"/api/agents/{spawned}/checkpoints"), 501, "not_implemented")
 
 
 def test_fork_answers_501_to_members_and_writes_nothing(api, teammate_api, spawned):
