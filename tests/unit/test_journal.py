@@ -99,3 +99,138 @@ def test_status_projection_follows_facts(agent):
     assert Agent.objects.get(pk=agent.pk).status == "running"
     journal.append(agent.id, "turn.finished", {})
     assert Agent.objects.get(pk=agent.pk).status == "idle"
+
+
+# --- the committer thread ------------------------------------------------------
+
+
+def test_appends_outside_atomic_are_committed_by_one_daemon_thread(agent):
+    seen = []
+    original = journal._commit_groups
+
+    def spy(groups, before_commit):
+        seen.append(threading.current_thread())
+        return original(groups, before_commit)
+
+    journal._commit_groups = spy
+    try:
+        rec = journal.append(agent.id, "message.user", {"text": "hi"})
+    finally:
+        journal._commit_groups = original
+    assert rec.seq == 1
+    assert len(seen) == 1 and seen[0] is not threading.current_thread() and seen[0].daemon
+    # durable and visible to the caller's own connection once append returned
+    assert Event.objects.get(agent=agent).seq == 1
+
+
+def test_appends_inside_atomic_join_the_callers_transaction(agent):
+    with transaction.atomic():
+        journal.append(agent.id, "message.user", {"text": "a"})
+        assert Event.objects.filter(agent=agent).count() == 1  # visible in this transaction only
+        with pytest.raises(RuntimeError):
+            with transaction.atomic():
+                journal.append(agent.id, "message.user", {"text": "b"})
+                raise RuntimeError
+    assert list(Event.objects.filter(agent=agent).values_list("seq", flat=True)) == [1]
+    assert Agent.objects.get(pk=agent.pk).last_seq == 1
+
+
+def test_one_bad_request_does_not_fail_its_batch(agent, workspace):
+    other = Agent.objects.create(workspace=workspace, spec={"model": "demo"})
+    gate, entered = threading.Event(), threading.Event()
+    original = journal._commit_groups
+    batches = []
+
+    def held(groups, before_commit):  # hold the first commit until the others queued
+        batches.append([a for a, _ in groups])
+        if len(batches) == 1:
+            entered.set()
+            gate.wait(10)
+        return original(groups, before_commit)
+
+    journal._commit_groups = held
+    results, errors = {}, {}
+
+    def call(name, agent_id, data):
+        try:
+            results[name] = journal.append(agent_id, "t.w", data)
+        except Exception as exc:
+            errors[name] = exc
+        finally:
+            connection.close()
+
+    try:
+        first = threading.Thread(target=call, args=("first", agent.id, {"i": 0}))
+        first.start()
+        assert entered.wait(10)
+        threads = [
+            threading.Thread(target=call, args=("good", agent.id, {"i": 1})),
+            threading.Thread(target=call, args=("missing", "ag_missing", {})),
+            threading.Thread(target=call, args=("other", other.id, {"i": 2})),
+        ]
+        for t in threads:
+            t.start()
+        while len(journal._committer._queue) < 3:
+            threading.Event().wait(0.005)
+        gate.set()
+        for t in [first, *threads]:
+            t.join(10)
+    finally:
+        journal._commit_groups = original
+    assert set(results) == {"first", "good", "other"}
+    assert isinstance(errors.pop("missing"), journal.UnknownAgent) and not errors
+    assert batches[1] == [agent.id, "ag_missing", other.id]  # the three were one batch, then retried alone
+    assert [results["first"].seq, results["good"].seq, results["other"].seq] == [1, 2, 1]
+    assert list(Event.objects.filter(agent=agent).values_list("seq", flat=True)) == [1, 2]
+
+
+def test_committer_survives_a_read_only_database(agent):
+    journal.append(agent.id, "agent.spawned", {"parent": None})
+    original = journal._commit_groups
+
+    def read_only(groups, before_commit):  # on the committer's own connection
+        with connection.cursor() as cur:
+            cur.execute("PRAGMA query_only = ON")
+        return original(groups, before_commit)
+
+    journal._commit_groups = read_only
+    try:
+        with pytest.raises(journal.JournalUnavailable):
+            journal.append(agent.id, "message.user", {"text": "lost"})
+    finally:
+        journal._commit_groups = original
+    assert "cannot be written" in journal.unrecoverable_reason(agent.id)
+    # The committer dropped that connection: the next append writes again and clears the mark.
+    assert journal.append(agent.id, "message.user", {"text": "kept"}).seq == 2
+    assert journal.unrecoverable_reason(agent.id) is None
+    assert list(Event.objects.filter(agent=agent).values_list("seq", flat=True)) == [1, 2]
+
+
+def test_committer_survives_an_unexpected_error(agent):
+    original = journal._commit_groups
+
+    def broken(groups, before_commit):
+        raise RuntimeError("bug")
+
+    journal._commit_groups = broken
+    try:
+        with pytest.raises(journal.JournalError):
+            journal.append(agent.id, "message.user", {"text": "x"})
+    finally:
+        journal._commit_groups = original
+    assert journal.append(agent.id, "message.user", {"text": "y"}).seq == 1
+    journal._unwritable_marks.clear()
+
+
+def test_a_watched_connection_sees_the_append(agent):
+    statements = []
+
+    def watch(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(watch):
+        rec = journal.append(agent.id, "message.user", {"text": "hi"})
+    assert rec.seq == 1
+    assert any("INSERT INTO agent_sessions_event" in sql for sql in statements)
+    assert Event.objects.get(agent=agent).seq == 1
