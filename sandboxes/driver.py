@@ -45,7 +45,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from sandboxes.backends.base import CONTAINER_RUN_DIR, LABEL_AGENT, SandboxStatus, get_backend
-from sandboxes.bridge_client import BridgeClient, BridgeError, BridgeRequestError
+from sandboxes.bridge_client import BridgeClient, BridgeError, BridgeRequestError, BridgeUnavailable
 from sandboxes.relay import Relay
 from sessions import credentials
 
@@ -60,6 +60,10 @@ KEEP_CHECKPOINTS = 3
 
 class DriverError(Exception):
     pass
+
+
+class SandboxGone(Exception):
+    """The sandbox of a driven agent is not running any more."""
 
 
 @dataclass
@@ -105,8 +109,12 @@ def extra_labels() -> dict[str, str]:
 
 
 class AgentDriver:
-    def __init__(self, agent_id: str):
+    def __init__(self, agent_id: str, boot: bool = False):
         self.agent_id = agent_id
+        self.boot = boot  # first drive since this process started: the reattach rung is news
+        self.healthy = False
+        self.check_sandbox = False
+        self.status: dict | None = None
         self.wake = asyncio.Event()
         self.backend = get_backend()
         self.info: AgentInfo | None = None
@@ -119,29 +127,81 @@ class AgentDriver:
 
     # --- the task ---------------------------------------------------------------------------
     async def run(self) -> None:
-        relay_task = None
+        from sandboxes import ladder
+
         try:
             self.info = info = await _load(self.agent_id)
             if info is None:
                 return
-            if not info.sandbox_id:
+            if info.status in ENDED or not info.sandbox_id:
                 if not await self._act_without_sandbox():
                     return
                 await self._provision()
+                if not await self.connect(CONNECT_RETRY_S):
+                    raise DriverError(f"agent {info.id}: the new bridge does not answer")
             else:
-                await self._ensure_running()
-            sock = str(run_dir_for(self.agent_id) / "bridge.sock")
-            self.control = await BridgeClient.connect(sock, retry_for=CONNECT_RETRY_S)
-            self.events = await BridgeClient.connect(sock, retry_for=CONNECT_RETRY_S)
-            self.relay = Relay(self, self.events, info.cursor, info.session)
-            relay_task = asyncio.create_task(self.relay.run(), name=f"relay-{self.agent_id}")
-            status = await self.control.request("status")
-            if status.get("pending_requests"):
-                await self.relay.answer_pending(status["pending_requests"])
+                await ladder.recover(self, boot=self.boot)
+            while True:
+                self.healthy = True
+                try:
+                    if await self._serve():
+                        return
+                except (BridgeUnavailable, SandboxGone) as exc:
+                    # The bridge or its sandbox went away while we drove it:
+                    # climb the ladder again at once (no backoff, no prompt needed).
+                    self.healthy = False
+                    log.warning("agent %s: lost the bridge (%s); recovering", self.agent_id, exc)
+                    await self.disconnect()
+                    self.info = info = await _load(self.agent_id)
+                    if info is None or info.status in ENDED or not info.sandbox_id:
+                        return
+                    await ladder.recover(self)
+        except ladder.AgentLost:
+            self.info = await _load(self.agent_id)
+            await self._act_without_sandbox()
+        finally:
+            self.healthy = False
+            await self.disconnect()
+
+    async def connect(self, retry_for: float) -> bool:
+        """Connect both clients to the sandbox's bridge and check that it
+        answers ``status`` (within ``retry_for`` s); False when it does not."""
+        await self.disconnect()
+        sock = str(run_dir_for(self.agent_id) / "bridge.sock")
+        try:
+            self.control = await BridgeClient.connect(sock, retry_for=retry_for)
+            self.events = await BridgeClient.connect(sock, retry_for=retry_for)
+            self.status = await self.control.request("status", timeout=max(retry_for, 5))
+        except BridgeUnavailable as exc:
+            log.info("agent %s: the bridge does not answer: %s", self.agent_id, exc)
+            await self.disconnect()
+            return False
+        return True
+
+    async def disconnect(self) -> None:
+        for client in (self.control, self.events):
+            if client is not None:
+                await client.close()
+        self.control = self.events = None
+
+    def sandbox_gone(self) -> None:
+        """The supervisor's watcher saw the sandbox not running: re-check now."""
+        self.check_sandbox = True
+        self.wake.set()
+
+    async def _serve(self) -> bool:
+        """Relay and act on commands until stopped (True); raises when the
+        bridge or the sandbox is lost."""
+        info = self.info
+        self.relay = Relay(self, self.events, info.cursor, info.session)
+        relay_task = asyncio.create_task(self.relay.run(), name=f"relay-{self.agent_id}")
+        try:
+            if (self.status or {}).get("pending_requests"):
+                await self.relay.answer_pending(self.status["pending_requests"])
             while True:
                 self.wake.clear()
                 if await self._act_on_commands(relay_task):
-                    return
+                    return True
                 waiter = asyncio.create_task(self.wake.wait())
                 await asyncio.wait({waiter, relay_task}, timeout=SAFETY_POLL_S,
                                    return_when=asyncio.FIRST_COMPLETED)
@@ -149,13 +209,15 @@ class AgentDriver:
                 if relay_task.done():
                     relay_task.result()  # raises what ended it
                     raise DriverError("the relay ended")
+                if self.check_sandbox:
+                    self.check_sandbox = False
+                    state = await asyncio.to_thread(self.backend.status, info.sandbox_id)
+                    if state in (SandboxStatus.MISSING, SandboxStatus.EXITED):
+                        raise SandboxGone(f"sandbox {info.sandbox_id} is {state}")
         finally:
-            if relay_task is not None and not relay_task.done():
+            if not relay_task.done():
                 relay_task.cancel()
-                await asyncio.gather(relay_task, return_exceptions=True)
-            for client in (self.control, self.events):
-                if client is not None:
-                    await client.close()
+            await asyncio.gather(relay_task, return_exceptions=True)
 
     # --- the sandbox ---------------------------------------------------------------------------
     async def _act_without_sandbox(self) -> bool:
@@ -180,21 +242,6 @@ class AgentDriver:
                                  ("agent.status", {"status": "idle", "reason": "sandbox started"})])
         info.sandbox_id = sid
         log.info("agent %s: sandbox %s started (%s)", info.id, sid, self.backend.name)
-
-    async def _ensure_running(self) -> None:
-        info = self.info
-        state = await asyncio.to_thread(self.backend.status, info.sandbox_id)
-        if state is SandboxStatus.RUNNING:
-            return
-        if state is SandboxStatus.EXITED:
-            await asyncio.to_thread(self.backend.start, info.sandbox_id)
-            await _journal(info.id, [("agent.restored", {
-                "rung": "restart", "reason": "the sandbox was not running",
-                "old_sandbox_id": info.sandbox_id, "new_sandbox_id": info.sandbox_id})])
-            return
-        # MISSING / UNKNOWN: the restore ladder's restore/rebuild rungs are not built yet.
-        raise DriverError(f"agent {info.id}: sandbox {info.sandbox_id} is {state}; "
-                          "restore is not built yet")
 
     # --- commands --------------------------------------------------------------------------------
     async def _act_on_commands(self, relay_task) -> bool:
@@ -271,9 +318,14 @@ class AgentDriver:
 # --- blocking helpers (threads) ---------------------------------------------------------------
 
 
-def _create_sandbox(backend, info: AgentInfo, run: Path) -> str:
-    """Create and start a sandbox whose command is the bridge. Orphans of an
-    earlier attempt that crashed before journaling agent.sandbox are removed."""
+def _create_sandbox(backend, info: AgentInfo, run: Path, *, seed: dict | None = None,
+                    start: bool = True) -> str:
+    """Create (and start, unless ``start=False``) a sandbox whose command is the
+    bridge, from the spec's setup snapshot (or its image when it needs no
+    setup). Orphans of an earlier attempt that crashed before journaling the
+    sandbox are removed first. ``seed`` ({"messages", "turns"}: the rebuild
+    rung) is written to the run dir and passed as ``--seed``; a bridge that
+    finds a session file ignores it, so restarts never seed twice."""
     for old in backend.list({LABEL_AGENT: info.id}):
         backend.remove(old.id)
     shutil.rmtree(run, ignore_errors=True)
@@ -290,21 +342,36 @@ def _create_sandbox(backend, info: AgentInfo, run: Path) -> str:
         run.chmod(0o777)  # the bridge may run as another uid than the control plane
         command = ["python3", "-m", "bridge", "--run-dir", CONTAINER_RUN_DIR, "--home", "/root"]
         env = {"PYTHONPATH": CONTAINER_RUN_DIR, "PYTHONDONTWRITEBYTECODE": "1"}
+        seed_at = f"{CONTAINER_RUN_DIR}/seed.json"
     else:
         command = [sys.executable, "-S", "-m", "bridge"]  # HOME and ALINEO_RUN_DIR set by the backend
         env = {"PYTHONPATH": str(run), "PYTHONDONTWRITEBYTECODE": "1"}
+        seed_at = str(run / "seed.json")
+    if seed is not None:
+        (run / "seed.json").write_text(json.dumps(seed))
+        command += ["--seed", seed_at]
     # Bound secrets reach the sandbox only through its environment (never
     # config.json, which lives on the host's disk in the run dir).
     env.update({secret.env: secret.value for secret in info.secrets or []})
-    sid = backend.create(info.id, spec.get("image") or "default", run_dir=str(run),
+    sid = backend.create(info.id, _image_for(backend, spec), run_dir=str(run),
                          limits=spec.get("limits"), network=spec.get("network") or "none",
                          env=env, labels=extra_labels(), command=command)
-    try:
-        backend.start(sid)
-    except BaseException:
-        backend.remove(sid)
-        raise
+    if start:
+        try:
+            backend.start(sid)
+        except BaseException:
+            backend.remove(sid)
+            raise
     return sid
+
+
+def _image_for(backend, spec: dict) -> str:
+    """The spec's setup snapshot (built once), or its image when it needs no setup."""
+    try:
+        from sandboxes.setup import ensure_setup_image
+    except ImportError:  # pragma: no cover - before setup snapshots existed
+        return spec.get("image") or "default"
+    return ensure_setup_image(backend, spec, labels=extra_labels())
 
 
 def _pack(backend, sandbox_id: str) -> bytes:

@@ -3,7 +3,13 @@
 
 An agent has work when it has pending Command rows, or when it has a sandbox
 and has not ended (its bridge may be running turns or holding unjournaled
-events: at boot that is the *reattach* rung). The scan runs at start, on every
+events). **Boot recovery**: the first scan starts a driver for every such
+agent, and a driver's first act is :func:`sandboxes.ladder.recover` — reattach
+(journaled as ``agent.restored {rung: reattach, reason:
+control_plane_restart}``), resume, restart, restore, rebuild or lost — before
+it acts on any command. The **watcher** (every ``WATCH_S``) lists the
+backend's sandboxes once and sends the ladder to agents whose sandbox is not
+running, without waiting for a prompt or a driver's backoff. The scan runs at start, on every
 wake-up (``kick()``, from the worker consumer on ``command.pending``) and every
 ``SCAN_S`` seconds as a safety net, because wake-ups are best effort. A driver
 that fails is started again after a backoff (1 s doubling to 60 s).
@@ -24,6 +30,7 @@ from channels.db import database_sync_to_async
 log = logging.getLogger(__name__)
 
 SCAN_S = 3.0
+WATCH_S = 3.0
 BACKOFF_MAX_S = 60.0
 
 _current: Supervisor | None = None
@@ -34,8 +41,10 @@ class Supervisor:
         self.drivers: dict[str, asyncio.Task] = {}
         self.objects: dict[str, object] = {}
         self.failures: dict[str, tuple[int, float]] = {}  # agent → (count, not before)
+        self.driven: set[str] = set()  # agents this process has driven (boot recovery is over for them)
         self.wake = asyncio.Event()
         self.task: asyncio.Task | None = None
+        self.next_watch = 0.0
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Task:
         loop = loop or asyncio.get_event_loop()
@@ -74,17 +83,52 @@ class Supervisor:
         for agent_id in await _agents_with_work():
             driver = self.objects.get(agent_id)
             if agent_id in self.drivers and driver is not None:
+                if getattr(driver, "healthy", False):
+                    self.failures.pop(agent_id, None)  # it recovered: the backoff starts over
                 driver.kick()
                 continue
             _count, not_before = self.failures.get(agent_id, (0, 0.0))
             if now < not_before:
                 continue
             self._start_driver(agent_id)
+        if now >= self.next_watch:
+            self.next_watch = now + WATCH_S
+            await self.watch()
+
+    async def watch(self) -> None:
+        """The watcher: agents that should be running whose sandbox is not
+        (removed, exited) get their driver's ladder now — no prompt needed,
+        no backoff wait."""
+        from sandboxes.backends.base import SandboxStatus, get_backend
+
+        live = await _live_agents()
+        if not live:
+            return
+        backend = get_backend()
+        try:
+            handles = await asyncio.to_thread(backend.list)
+        except Exception as exc:  # noqa: BLE001 - the engine may be down: nothing to tell now
+            log.info("watcher: cannot list sandboxes: %s", exc)
+            return
+        states = {h.id: h.status for h in handles}
+        for agent_id, sandbox_id in live:
+            state = states.get(sandbox_id, SandboxStatus.MISSING)
+            if state is SandboxStatus.RUNNING:
+                continue
+            driver = self.objects.get(agent_id)
+            if agent_id in self.drivers and driver is not None:
+                driver.sandbox_gone()
+            else:
+                log.info("watcher: agent %s has sandbox %s %s: recovering now", agent_id,
+                         sandbox_id[:16], state)
+                self.failures.pop(agent_id, None)
+                self._start_driver(agent_id)
 
     def _start_driver(self, agent_id: str) -> None:
         from sandboxes.driver import AgentDriver
 
-        driver = AgentDriver(agent_id)
+        driver = AgentDriver(agent_id, boot=agent_id not in self.driven)
+        self.driven.add(agent_id)
         task = asyncio.get_running_loop().create_task(driver.run(), name=f"driver-{agent_id}")
         self.drivers[agent_id] = task
         self.objects[agent_id] = driver
@@ -117,6 +161,15 @@ def _agents_with_work() -> list[str]:
                .exclude(status__in=("stopped", "lost", "unrecoverable"))
                .values_list("id", flat=True))
     return sorted(pending | live)
+
+
+@database_sync_to_async
+def _live_agents() -> list[tuple[str, str]]:
+    from sessions.models import Agent
+
+    return list(Agent.objects.exclude(sandbox_id="")
+                .exclude(status__in=("stopped", "lost", "unrecoverable"))
+                .values_list("id", "sandbox_id"))
 
 
 def current() -> Supervisor | None:

@@ -1,0 +1,540 @@
+"""The restore ladder (BRIEF §3): bring an agent whose sandbox is not answering
+back, gentlest rung first. Every rung taken is ONE transcript fact,
+``agent.restored {rung, reason, old_sandbox_id, new_sandbox_id}``; the last
+rung is ``agent.lost {reason}``.
+
+1. **reattach** — the sandbox runs and its bridge answers within
+   :data:`REATTACH_S`: a running turn keeps running, the relay continues from
+   the durable cursor. Journaled only at boot recovery (the control plane
+   restarted: reason ``control_plane_restart``); a driver that merely
+   reconnects says nothing.
+2. **resume** — the sandbox is there but the bridge is not: started again on
+   its session file (local backend: the bridge *is* the sandbox's process, so
+   a dead bridge leaves it exited; docker: a running container whose bridge
+   does not answer is stopped and started). The bridge settles a turn that was
+   running as ``turn.interrupted {reason: bridge_restarted}`` itself.
+3. **restart** — a docker container left Exited (reboot, daemon crash, the
+   bridge killed under docker-init): ``start`` — its disk is intact — then
+   the bridge resumes as in 2.
+4. **restore** — the sandbox is missing or cannot start: a fresh sandbox from
+   the setup snapshot (``sandboxes.setup.ensure_setup_image``) with the
+   newest usable turn checkpoint (not deleted, not expired, file present)
+   extracted safely into its home; the checkpoint's session file tells the
+   relay where the restored bridge's events continue (the cursor is set to
+   ``min(journaled cursor, the checkpoint's head)``, so nothing is journaled
+   twice and nothing the restored bridge emits is skipped), and its turn
+   counter is moved past the transcript's newest turn. Wait-for inputs are
+   written again.
+5. **rebuild** — no usable checkpoint (``no_checkpoint``, or
+   ``checkpoint_expired`` when the newest one expired): a fresh sandbox whose
+   bridge starts with ``--seed`` (the ``seed`` op at startup, so the seed is
+   part of the sandbox and a crash cannot leave an unseeded bridge behind)
+   holding the conversation rebuilt from the transcript.
+6. **lost** — the image is gone and cannot be built, or the sandbox cannot be
+   created :data:`CREATE_ATTEMPTS` times in a row: ``agent.lost {reason}``.
+
+Interrupted turns settle exactly once: rungs 2–3 leave it to the bridge; on
+rungs 4–6 the control plane reads the transcript and, if a ``turn.started``
+has no settled end, journals ``tool.result {interrupted: true, exit_code:
+-1}`` for each dangling tool call and ``turn.interrupted {reason:
+"sandbox_lost", text}`` with the text that survived — in the same transaction
+as ``agent.restored`` and re-checked inside it. (When a restored checkpoint's
+session was itself mid-turn, the restored bridge settles that turn instead.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import shutil
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from sandboxes.backends.base import CONTAINER_RUN_DIR, SandboxStatus
+from sandboxes.errors import BackendUnavailable, ImageMissing, SandboxError, SandboxNotFound
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sandboxes.driver import AgentDriver
+
+log = logging.getLogger(__name__)
+
+REATTACH_S = 5.0
+CONNECT_S = 15.0
+CREATE_ATTEMPTS = 3
+SESSION_MEMBER = ".alineo/session.json"
+SETTLED = ("turn.finished", "turn.interrupted")
+
+
+class AgentLost(Exception):
+    """The ladder's last rung: agent.lost was journaled."""
+
+
+class CheckpointUnusable(Exception):
+    """The chosen checkpoint cannot be extracted: fall back to rebuild."""
+
+
+class LadderError(Exception):
+    """Not now (the engine does not answer, a bridge is slow): try again later."""
+
+
+@dataclass
+class Plan:
+    rung: str                      # restore | rebuild
+    reason: str
+    checkpoint: dict | None = None  # {id, path, turn}
+    seed: dict | None = None        # {"messages", "turns"} for rebuild
+    max_turn: int = 0
+    # From the checkpoint's session file:
+    cp_session: str = ""
+    cp_head: int = 0
+    cp_current_turn: int | None = None
+    extra: dict = field(default_factory=dict)
+
+
+# --- the ladder --------------------------------------------------------------------------------
+
+
+async def recover(driver: AgentDriver, *, boot: bool = False) -> None:
+    """Bring ``driver.info``'s sandbox to a bridge that answers; on return
+    ``driver.control`` / ``driver.events`` are connected and ``driver.info``
+    holds the sandbox id and relay cursor to use. Raises AgentLost after
+    journaling agent.lost, LadderError when it should be tried again later."""
+    info, backend = driver.info, driver.backend
+    sid = info.sandbox_id
+    state = await asyncio.to_thread(backend.status, sid)
+    log.info("agent %s: sandbox %s is %s (boot=%s)", info.id, sid[:16], state, boot)
+    if state is SandboxStatus.UNKNOWN:
+        raise LadderError(f"the {backend.name} backend cannot tell the state of sandbox {sid} now")
+
+    if state is SandboxStatus.RUNNING:
+        if await driver.connect(REATTACH_S):
+            if boot:
+                await _journal_rung(info.id, "reattach", "control_plane_restart", sid, sid)
+            return
+        state = await asyncio.to_thread(backend.status, sid)
+        if state is SandboxStatus.RUNNING:
+            # A bridge that does not answer in a running sandbox: start it again on its session.
+            try:
+                await asyncio.to_thread(backend.stop, sid, 5)
+                await asyncio.to_thread(backend.start, sid)
+            except SandboxNotFound:
+                state = SandboxStatus.MISSING
+            except SandboxError as exc:
+                if not exc.permanent:
+                    raise LadderError(f"cannot restart the bridge of {sid}: {exc}") from exc
+                state = SandboxStatus.MISSING
+            else:
+                await _journal_rung(info.id, "resume", "bridge_unresponsive", sid, sid)
+                await _connect_or_retry(driver, sid)
+                return
+
+    if state is SandboxStatus.EXITED:
+        rung, reason = (("restart", "sandbox_exited") if backend.name == "docker"
+                        else ("resume", "bridge_exited"))
+        try:
+            await asyncio.to_thread(backend.start, sid)
+        except SandboxNotFound:
+            state = SandboxStatus.MISSING
+        except SandboxError as exc:
+            if not exc.permanent:
+                raise LadderError(f"cannot start sandbox {sid}: {exc}") from exc
+            log.warning("agent %s: sandbox %s cannot start (%s): restoring", info.id, sid, exc)
+            await _fresh(driver, "sandbox_cannot_start")
+            return
+        else:
+            await _journal_rung(info.id, rung, reason, sid, sid)
+            await _connect_or_retry(driver, sid)
+            return
+
+    await _fresh(driver, "sandbox_missing")
+
+
+async def _connect_or_retry(driver: AgentDriver, sid: str) -> None:
+    if not await driver.connect(CONNECT_S):
+        raise LadderError(f"the bridge in sandbox {sid} did not answer after it was started")
+
+
+async def _fresh(driver: AgentDriver, why: str) -> None:
+    """Rungs 4-6: a fresh sandbox (restore or rebuild), else lost."""
+    from sandboxes.driver import run_dir_for
+
+    info, backend = driver.info, driver.backend
+    old = info.sandbox_id
+    plan = await _plan(info)
+    plan.extra["cause"] = why
+    failures, last_error = 0, ""
+    new_sid = None
+    while new_sid is None:
+        try:
+            new_sid = await asyncio.to_thread(_build, backend, info, run_dir_for(info.id), plan)
+        except BackendUnavailable as exc:
+            raise LadderError(f"cannot create a sandbox now: {exc}") from exc
+        except ImageMissing as exc:
+            if not await asyncio.to_thread(_rebuild_image, info.spec):
+                await _lose(info, old, f"image_missing: {exc}"[:500])
+            failures += 1
+            last_error = str(exc)
+        except CheckpointUnusable as exc:
+            log.warning("agent %s: checkpoint %s unusable (%s): rebuilding", info.id,
+                        plan.checkpoint, exc)
+            plan = await _plan(info, skip_checkpoints=True, reason="checkpoint_unusable")
+            plan.extra["cause"] = why
+            continue
+        except Exception as exc:  # noqa: BLE001 - counted; the third in a row is lost
+            failures += 1
+            last_error = f"{type(exc).__name__}: {exc}"
+        if new_sid is None:
+            log.warning("agent %s: creating a sandbox failed (%d/%d): %s", info.id, failures,
+                        CREATE_ATTEMPTS, last_error)
+            if failures >= CREATE_ATTEMPTS:
+                await _lose(info, old, f"sandbox_create_failed: {last_error}"[:500])
+            await asyncio.sleep(min(2.0, 0.5 * failures))
+    cursor, session = info.cursor, info.session
+    if plan.rung == "restore" and plan.cp_session:
+        session = plan.cp_session
+        cursor = min(info.cursor, plan.cp_head) if info.session == plan.cp_session else plan.cp_head
+    elif plan.rung == "rebuild":
+        cursor, session = 0, ""  # a new session counting from 1; adopting it is no news
+    data = {"rung": plan.rung, "reason": plan.reason, "old_sandbox_id": old,
+            "new_sandbox_id": new_sid, "backend": backend.name, **plan.extra}
+    if plan.checkpoint:
+        data["checkpoint"] = plan.checkpoint["id"]
+        data["checkpoint_turn"] = plan.checkpoint["turn"]
+    if plan.seed is not None:
+        data["seeded_messages"] = len(plan.seed["messages"])
+    try:
+        await _commit_fresh(info.id, old, new_sid, data, cursor, session,
+                            skip_turn=plan.cp_current_turn if plan.rung == "restore" else None)
+    except BaseException:
+        await asyncio.to_thread(backend.remove, new_sid)
+        raise
+    log.info("agent %s: %s (%s): sandbox %s → %s", info.id, plan.rung, plan.reason, old[:16],
+             new_sid[:16])
+    info.sandbox_id, info.cursor, info.session = new_sid, cursor, session
+    await asyncio.to_thread(_write_inputs, backend, info.id, new_sid)
+    await _connect_or_retry(driver, new_sid)
+
+
+async def _lose(info, old: str, reason: str) -> None:
+    await _commit_lost(info.id, old, reason)
+    log.error("agent %s: lost (%s)", info.id, reason)
+    raise AgentLost(reason)
+
+
+def _rebuild_image(spec: dict) -> bool:
+    """The default base image is gone: build it again (False when it cannot be)."""
+    image = spec.get("image") or "default"
+    if image != "default":
+        return False
+    try:
+        from sandboxes import images
+
+        images.ensure_base_image()
+        return True
+    except Exception as exc:  # noqa: BLE001
+        log.error("the base image cannot be built: %s", exc)
+        return False
+
+
+# --- building the fresh sandbox (a thread) ------------------------------------------------------
+
+
+def _build(backend, info, run: Path, plan: Plan) -> str:
+    from sandboxes.driver import _create_sandbox
+
+    sid = _create_sandbox(backend, info, run, seed=plan.seed, start=False)
+    try:
+        if plan.checkpoint:
+            try:
+                _restore_into(backend, sid, plan)
+            except (BackendUnavailable, SandboxNotFound):
+                raise
+            except Exception as exc:  # unsafe, truncated, not zstd ...
+                raise CheckpointUnusable(f"{type(exc).__name__}: {exc}") from exc
+        backend.start(sid)
+    except BaseException:
+        backend.remove(sid)
+        raise
+    return sid
+
+
+def _restore_into(backend, sid: str, plan: Plan) -> None:
+    path = plan.checkpoint["path"]
+    try:
+        from sandboxes.checkpoints import restore_checkpoint
+    except ImportError:  # pragma: no cover - the older checkpoints module
+        from sandboxes.checkpoints import unpack_home
+
+        unpack_home(backend, sid, Path(path))
+    else:
+        restore_checkpoint(backend, sid, path)
+    session = _session_of(path)
+    if session is not None and int(session.get("turns") or 0) < plan.max_turn:
+        # Turns after the checkpoint were journaled (and settled): number the
+        # next one after them, as the lost sandbox would have.
+        session["turns"] = plan.max_turn
+        backend.write_home(sid, [_one_file_tar(SESSION_MEMBER, json.dumps(session).encode())])
+
+
+def _session_of(path) -> dict | None:
+    """The bridge's session file inside a checkpoint (zstd tar), or None."""
+    import zstandard
+
+    try:
+        with open(path, "rb") as fh:
+            reader = zstandard.ZstdDecompressor().stream_reader(fh)
+            with tarfile.open(fileobj=reader, mode="r|") as tar:
+                for member in tar:
+                    name = member.name.removeprefix("./")
+                    if name == SESSION_MEMBER and member.isfile():
+                        return json.loads(tar.extractfile(member).read())
+    except (OSError, ValueError, tarfile.TarError, zstandard.ZstdError) as exc:
+        log.warning("cannot read the session file in %s: %s", path, exc)
+    return None
+
+
+def _one_file_tar(name: str, payload: bytes) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        d = tarfile.TarInfo("./.alineo")
+        d.type, d.mode, d.mtime = tarfile.DIRTYPE, 0o700, int(time.time())
+        tar.addfile(d)
+        ti = tarfile.TarInfo(f"./{name}")
+        ti.size, ti.mode, ti.mtime = len(payload), 0o600, int(time.time())
+        tar.addfile(ti, io.BytesIO(payload))
+    return buf.getvalue()
+
+
+def inputs_dir(agent_id: str) -> Path:
+    """Where an agent's wait-for inputs are kept on the host (``*.txt`` and
+    ``inputs.json``), so every fresh sandbox gets them again."""
+    return Path(settings.DATA_DIR) / "inputs" / agent_id
+
+
+def _write_inputs(backend, agent_id: str, sid: str) -> None:
+    """Write the agent's wait-for inputs into a fresh sandbox: docker
+    ``/inputs/*.txt`` and ``/inputs.json``; local (no root file system of its
+    own) ``$ALINEO_RUN_DIR/inputs/``. Agents with none are skipped."""
+    src = inputs_dir(agent_id)
+    if not src.is_dir():
+        return
+    files = sorted(p for p in src.iterdir() if p.is_file()
+                   and (p.suffix == ".txt" or p.name == "inputs.json"))
+    if not files:
+        return
+    from sandboxes.driver import run_dir_for
+
+    staged = run_dir_for(agent_id) / "inputs"
+    staged.mkdir(parents=True, exist_ok=True)
+    for p in files:
+        shutil.copy2(p, staged / p.name)
+    if backend.name == "docker":
+        script = (f"mkdir -p /inputs && for f in {CONTAINER_RUN_DIR}/inputs/*.txt; do "
+                  "[ -e \"$f\" ] && cp \"$f\" /inputs/; done; "
+                  f"[ -e {CONTAINER_RUN_DIR}/inputs/inputs.json ] && "
+                  f"cp {CONTAINER_RUN_DIR}/inputs/inputs.json /inputs.json; true")
+        try:
+            backend.exec(sid, ["sh", "-c", script], timeout=30)
+        except SandboxError as exc:
+            log.warning("agent %s: writing the inputs again failed: %s", agent_id, exc)
+
+
+# --- the transcript: what to settle, what to seed ------------------------------------------------
+
+
+def dangling(events) -> tuple[dict | None, list[dict], str]:
+    """The turn of ``events`` (dicts with type/data, in seq order) that started
+    and never settled, its tool calls with no result, and the text that survived."""
+    turn, calls, texts, partial = None, {}, [], ""
+    for ev in events:
+        t, d = ev["type"], ev.get("data") or {}
+        if t == "turn.started":
+            turn, calls, texts, partial = d, {}, [], ""
+        elif turn is None:
+            continue
+        elif t in SETTLED:
+            turn, calls, texts, partial = None, {}, [], ""
+        elif t == "message.delta":
+            partial += str(d.get("text") or "")
+        elif t == "message.assistant":
+            texts.append(str(d.get("text") or ""))
+            partial = ""
+        elif t == "tool.dispatched":
+            calls[str(d.get("tool_call_id"))] = d
+        elif t == "tool.result":
+            calls.pop(str(d.get("tool_call_id")), None)
+    if turn is None:
+        return None, [], ""
+    text = "\n\n".join([*texts, partial] if partial else texts)
+    return turn, list(calls.values()), text
+
+
+def settle_facts(events, reason: str = "sandbox_lost", skip_turn: int | None = None) -> list:
+    """Facts that settle the dangling turn of ``events`` (none when it settled)."""
+    turn, calls, text = dangling(events)
+    if turn is None or (skip_turn is not None and turn.get("turn") == skip_turn):
+        return []
+    n = turn.get("turn")
+    facts = [("tool.result", {"turn": n, "tool_call_id": c.get("tool_call_id"), "name": c.get("name"),
+                              "output": f"interrupted: {reason.replace('_', ' ')}",
+                              "exit_code": -1, "is_error": True, "interrupted": True})
+             for c in calls]
+    facts.append(("turn.interrupted", {"turn": n, "text": text, "reason": reason}))
+    return facts
+
+
+def seed_conversation(events) -> dict:
+    """The neutral conversation (docs/BRIDGE.md) the transcript holds, for the
+    rebuild rung's seed: ``{"messages", "turns"}``."""
+    msgs: list[dict] = []
+    partial, turns = "", 0
+    for ev in events:
+        t, d = ev["type"], ev.get("data") or {}
+        if t == "turn.started":
+            turns = max(turns, int(d.get("turn") or 0))
+            partial = ""
+        elif t == "message.user":
+            msgs.append({"role": "user", "text": str(d.get("text") or ""), "kind": "prompt"})
+        elif t == "steer.delivered":
+            msgs.append({"role": "user", "text": str(d.get("text") or ""), "kind": "steer"})
+        elif t == "message.delta":
+            partial += str(d.get("text") or "")
+        elif t == "message.assistant":
+            msgs.append({"role": "assistant", "text": str(d.get("text") or ""), "tool_calls": []})
+            partial = ""
+        elif t == "tool.dispatched":
+            call = {"id": str(d.get("tool_call_id") or ""), "name": str(d.get("name") or ""),
+                    "input": d.get("input") if isinstance(d.get("input"), dict) else {}}
+            last = msgs[-1] if msgs else None
+            if last and last["role"] == "assistant" and not last.get("interrupted"):
+                last["tool_calls"].append(call)
+            else:
+                msgs.append({"role": "assistant", "text": "", "tool_calls": [call]})
+        elif t == "tool.result":
+            out = d.get("output")
+            call_id = str(d.get("tool_call_id") or "")
+            msgs.insert(_result_slot(msgs, call_id), {
+                "role": "tool", "tool_call_id": call_id, "name": str(d.get("name") or ""),
+                "output": out if isinstance(out, str) else json.dumps(out),
+                "exit_code": _int(d.get("exit_code")), "is_error": bool(d.get("is_error")),
+                "interrupted": bool(d.get("interrupted"))})
+        elif t == "turn.interrupted":
+            if partial:
+                msgs.append({"role": "assistant", "text": partial, "tool_calls": [],
+                             "interrupted": True})
+            partial = ""
+        elif t == "turn.finished":
+            partial = ""
+    return {"messages": msgs, "turns": turns}
+
+
+def _result_slot(msgs: list[dict], call_id: str) -> int:
+    """Where a tool result goes: after the assistant message that made the
+    call and the results already following it (normally the end)."""
+    for i in range(len(msgs) - 1, -1, -1):
+        m = msgs[i]
+        if m["role"] == "assistant" and any(c["id"] == call_id for c in m.get("tool_calls", ())):
+            j = i + 1
+            while j < len(msgs) and msgs[j]["role"] == "tool":
+                j += 1
+            return j
+    return len(msgs)
+
+
+def _int(value) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+# --- database work --------------------------------------------------------------------------------
+
+_TRANSCRIPT_TYPES = ("turn.started", "turn.finished", "turn.interrupted", "message.user",
+                     "message.assistant", "message.delta", "steer.delivered", "tool.dispatched",
+                     "tool.result")
+
+
+def _conversation_events(agent_id: str) -> list[dict]:
+    from sessions.models import Event
+
+    rows = (Event.objects.filter(agent_id=agent_id, type__in=_TRANSCRIPT_TYPES)
+            .order_by("seq").values_list("type", "data").iterator(chunk_size=2000))
+    return [{"type": t, "data": d} for t, d in rows]
+
+
+@database_sync_to_async
+def _plan(info, *, skip_checkpoints: bool = False, reason: str | None = None) -> Plan:
+    from sessions.models import Checkpoint
+
+    events = _conversation_events(info.id)
+    max_turn = max((int((e["data"] or {}).get("turn") or 0) for e in events
+                    if e["type"] == "turn.started"), default=0)
+    if not skip_checkpoints and not info.zero_retention:
+        now = timezone.now()
+        rows = list(Checkpoint.objects.filter(agent_id=info.id, deleted_at__isnull=True)
+                    .order_by("-created_at", "-id")[:20])
+        newest_expired = bool(rows) and rows[0].expires_at <= now
+        for row in rows:
+            if row.expires_at <= now or not row.path or not Path(row.path).is_file():
+                continue
+            session = _session_of(row.path) or {}
+            current = session.get("current") or None
+            plan = Plan("restore", "sandbox_missing", {"id": row.pk, "path": row.path,
+                                                       "turn": row.turn},
+                        max_turn=max_turn, cp_session=str(session.get("session_id") or ""),
+                        cp_head=int(session.get("bseq") or 0),
+                        cp_current_turn=(current or {}).get("turn") if current else None)
+            return plan
+        if newest_expired:
+            reason = reason or "checkpoint_expired"
+    # Rebuild: the transcript's conversation, with the dangling turn settled as it will be.
+    settled = events + [{"type": t, "data": d} for t, d in settle_facts(events)]
+    return Plan("rebuild", reason or "no_checkpoint", seed=seed_conversation(settled),
+                max_turn=max_turn)
+
+
+@database_sync_to_async
+def _commit_fresh(agent_id: str, old: str, new: str, data: dict, cursor: int, session: str,
+                  skip_turn: int | None) -> None:
+    from sessions import journal
+    from sessions.models import Agent
+
+    with transaction.atomic():
+        moved = Agent.objects.filter(pk=agent_id, sandbox_id=old).update(
+            bridge_cursor=cursor, bridge_session=session)
+        if moved != 1:
+            raise LadderError(f"agent {agent_id}: its sandbox is no longer {old}")
+        facts = settle_facts(_conversation_events(agent_id), skip_turn=skip_turn)
+        facts.append(("agent.sandbox", {"sandbox_id": new, "backend": data.get("backend"),
+                                        "rung": data["rung"]}))
+        facts.append(("agent.restored", data))
+        journal.append_many(agent_id, facts)
+
+
+@database_sync_to_async
+def _commit_lost(agent_id: str, old: str, reason: str) -> None:
+    from sessions import journal
+
+    with transaction.atomic():
+        facts = settle_facts(_conversation_events(agent_id))
+        facts.append(("agent.lost", {"reason": reason, "old_sandbox_id": old}))
+        journal.append_many(agent_id, facts)
+
+
+@database_sync_to_async
+def _journal_rung(agent_id: str, rung: str, reason: str, old: str, new: str) -> None:
+    from sessions import journal
+
+    journal.append(agent_id, "agent.restored", {"rung": rung, "reason": reason,
+                                                "old_sandbox_id": old, "new_sandbox_id": new})
