@@ -187,3 +187,5 @@ ALINEO_SSE_HEARTBEAT_S = envfloat("ALINEO_SSE_HEARTBEAT_S", 20.0)
 ALINEO_DATA_VERSION_POLL_S = envfloat("ALINEO_DATA_VERSION_POLL_S", 0.25)
 ALINEO_CHECKPOINT_MAX_DAYS = 30
 ALINEO_WORKER_CHANNEL = "alineo-worker"
+# The worker's checkpoint retention sweep runs at boot and then this often.
+ALINEO_SWEEP_S = envfloat("ALINEO_SWEEP_S", 300.0)

@@ -46,6 +46,7 @@ from django.utils import timezone
 
 from sandboxes.backends.base import CONTAINER_RUN_DIR, LABEL_AGENT, SandboxStatus, get_backend
 from sandboxes.bridge_client import BridgeClient, BridgeError, BridgeRequestError, BridgeUnavailable
+from sandboxes.checkpoints import rotate_checkpoints, store_checkpoint
 from sandboxes.relay import Relay
 from sessions import credentials
 
@@ -238,8 +239,7 @@ class AgentDriver:
         info = self.info
         run = run_dir_for(info.id)
         sid = await asyncio.to_thread(_create_sandbox, self.backend, info, run)
-        await _journal(info.id, [("agent.sandbox", {"sandbox_id": sid, "backend": self.backend.name}),
-                                 ("agent.status", {"status": "idle", "reason": "sandbox started"})])
+        await _sandbox_started(info.id, sid, self.backend.name)
         info.sandbox_id = sid
         log.info("agent %s: sandbox %s started (%s)", info.id, sid, self.backend.name)
 
@@ -304,11 +304,9 @@ class AgentDriver:
         info = self.info
         if not info.spec.get("checkpoint") or info.zero_retention:
             return
-        t0 = time.monotonic()
         try:
-            data = await asyncio.to_thread(_pack, self.backend, info.sandbox_id)
-            ms = int((time.monotonic() - t0) * 1000)
-            await _store_checkpoint(info, turn, through_seq, data, ms)
+            stored = await asyncio.to_thread(store_checkpoint, self.backend, info.sandbox_id, info.id, turn)
+            await _record_checkpoint(info, turn, through_seq, stored)
         except Exception as exc:  # noqa: BLE001 - a missed checkpoint, not a failed turn
             log.warning("agent %s: checkpoint of turn %s failed: %s", info.id, turn, exc)
             await _journal(info.id, [("agent.checkpoint_failed",
@@ -372,12 +370,6 @@ def _image_for(backend, spec: dict) -> str:
     except ImportError:  # pragma: no cover - before setup snapshots existed
         return spec.get("image") or "default"
     return ensure_setup_image(backend, spec, labels=extra_labels())
-
-
-def _pack(backend, sandbox_id: str) -> bytes:
-    from sandboxes.checkpoints import pack_home
-
-    return pack_home(backend, sandbox_id)
 
 
 # --- database helpers ---------------------------------------------------------------------------
@@ -444,6 +436,21 @@ def _mark(agent_id: str, cmd: PendingCommand, state: str, failure=None, final=No
 
 
 @database_sync_to_async
+def _sandbox_started(agent_id: str, sandbox_id: str, backend: str) -> None:
+    """Record the new sandbox; the agent becomes idle only if it was starting:
+    a pause sent while the sandbox was being made must hold."""
+    from sessions import journal
+    from sessions.models import Agent
+
+    with transaction.atomic():
+        status = Agent.objects.filter(pk=agent_id).values_list("status", flat=True).first()
+        facts = [("agent.sandbox", {"sandbox_id": sandbox_id, "backend": backend})]
+        if status == "starting":
+            facts.append(("agent.status", {"status": "idle", "reason": "sandbox started"}))
+        journal.append_many(agent_id, facts)
+
+
+@database_sync_to_async
 def _journal(agent_id: str, facts) -> None:
     from sessions import journal
 
@@ -451,29 +458,18 @@ def _journal(agent_id: str, facts) -> None:
 
 
 @database_sync_to_async
-def _store_checkpoint(info: AgentInfo, turn: int, through_seq: int, data: bytes, ms: int) -> None:
+def _record_checkpoint(info: AgentInfo, turn: int, through_seq: int, stored) -> None:
+    """The Checkpoint row and its `agent.checkpointed` fact in one transaction,
+    then rotation to the workspace's newest-N for this sandbox."""
     from sessions import journal
     from sessions.models import Checkpoint
 
-    folder = Path(settings.DATA_DIR) / "checkpoints" / info.id
-    folder.mkdir(parents=True, exist_ok=True)
     now = timezone.now()
-    path = folder / f"{info.sandbox_id[:16]}-t{turn}-{through_seq}.tar.zst"
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
     with transaction.atomic():
         row = Checkpoint.objects.create(
             agent_id=info.id, sandbox_id=info.sandbox_id, turn=turn, through_seq=through_seq,
-            path=str(path), bytes=len(data), duration_ms=ms, harness_revision=harness_revision(),
-            expires_at=now + timedelta(days=info.max_age_days))
+            path=str(stored.path), bytes=stored.bytes, duration_ms=stored.ms,
+            harness_revision=harness_revision(), expires_at=now + timedelta(days=info.max_age_days))
         journal.append(info.id, "agent.checkpointed",
-                       {"checkpoint": row.pk, "turn": turn, "bytes": len(data), "ms": ms})
-    old = list(Checkpoint.objects.filter(agent_id=info.id, sandbox_id=info.sandbox_id,
-                                         deleted_at__isnull=True).order_by("-id")[info.keep:])
-    for cp in old:
-        Path(cp.path).unlink(missing_ok=True)
-        Checkpoint.objects.filter(pk=cp.pk).update(deleted_at=timezone.now())
+                       {"checkpoint": row.pk, "turn": turn, "bytes": stored.bytes, "ms": stored.ms})
+    rotate_checkpoints(info.id, info.sandbox_id, keep=info.keep)

@@ -26,6 +26,7 @@ import logging
 import time
 
 from channels.db import database_sync_to_async
+from django.conf import settings
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class Supervisor:
         self.wake = asyncio.Event()
         self.task: asyncio.Task | None = None
         self.next_watch = 0.0
+        self.next_sweep = 0.0  # the first scan sweeps: a policy changed while down applies at boot
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Task:
         loop = loop or asyncio.get_event_loop()
@@ -94,6 +96,18 @@ class Supervisor:
         if now >= self.next_watch:
             self.next_watch = now + WATCH_S
             await self.watch()
+        if now >= self.next_sweep:
+            self.next_sweep = now + settings.ALINEO_SWEEP_S
+            await self.housekeeping()
+
+    async def housekeeping(self) -> None:
+        """The retention sweep (and, when configured, a scheduled backup), off the loop."""
+        from sandboxes.retention import sweep
+
+        try:
+            await database_sync_to_async(sweep)()
+        except Exception:
+            log.exception("retention sweep failed")
 
     async def watch(self) -> None:
         """The watcher: agents that should be running whose sandbox is not

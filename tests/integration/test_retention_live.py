@@ -1,0 +1,55 @@
+"""The worker's retention sweep, live: a checkpoint whose expiry passes is
+removed by the running server without anyone asking, and the agent's
+transcript says so."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.integration.test_worker import LABEL, WAIT, _cleanup_sandboxes, _of
+from tests.live import LiveServer
+
+
+def _events(server, actor, agent):
+    r = httpx.get(f"{server.url}/api/agents/{agent}/events?after=0&limit=500", headers=actor.auth)
+    return r.json()["events"]
+
+
+def _wait(predicate, what):
+    deadline = time.monotonic() + WAIT
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+def test_the_sweep_removes_an_expired_checkpoint_by_itself():
+    server = LiveServer(env={"ALINEO_SANDBOX": "local", "ALINEO_SANDBOX_LABELS": LABEL,
+                             "ALINEO_SWEEP_S": "1"})
+    server.start()
+    try:
+        actor = server.create_actor("olivia")
+        r = httpx.post(f"{server.url}/api/agents", headers=actor.auth,
+                       json={"spec": {"model": "demo", "checkpoint": True}, "prompt": "write a.txt: x"})
+        agent = r.json()["id"]
+        _wait(lambda: _of(_events(server, actor, agent), "agent.checkpointed"), "a checkpoint")
+        cp = server.django(
+            "from sessions.models import Checkpoint\n"
+            f"c = Checkpoint.objects.get(agent_id={agent!r})\n"
+            "result = {'id': c.pk, 'path': c.path}\n")
+        assert Path(cp["path"]).exists()
+        server.django(  # what the admin's "Expire now" does
+            "from django.utils import timezone\nfrom sessions.models import Checkpoint\n"
+            f"Checkpoint.objects.filter(pk={cp['id']}).update(expires_at=timezone.now())\nresult = 1\n")
+        _wait(lambda: _of(_events(server, actor, agent), "agent.checkpoint_expired"), "the sweep")
+        fact = _of(_events(server, actor, agent), "agent.checkpoint_expired")[0]["data"]
+        assert fact == {"checkpoint": cp["id"], "turn": 1, "reason": "expired"}
+        assert not Path(cp["path"]).exists()
+        listed = httpx.get(f"{server.url}/api/agents/{agent}/checkpoints", headers=actor.auth).json()
+        assert [c["state"] for c in listed["checkpoints"]] == ["deleted"]
+    finally:
+        server.stop()
+        _cleanup_sandboxes(server, "local")
+        server.__exit__(None, None, None)
