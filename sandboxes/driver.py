@@ -137,7 +137,11 @@ class AgentDriver:
             if info.status in ENDED or not info.sandbox_id:
                 if not await self._act_without_sandbox():
                     return
-                await self._provision()
+                origin = await _fork_origin(info.id)
+                if origin is not None:
+                    await ladder.provision_fork(self, origin)
+                else:
+                    await self._provision()
                 if not await self.connect(CONNECT_RETRY_S):
                     raise DriverError(f"agent {info.id}: the new bridge does not answer")
             else:
@@ -448,6 +452,16 @@ def _sandbox_started(agent_id: str, sandbox_id: str, backend: str) -> None:
         if status == "starting":
             facts.append(("agent.status", {"status": "idle", "reason": "sandbox started"}))
         journal.append_many(agent_id, facts)
+
+
+@database_sync_to_async
+def _fork_origin(agent_id: str) -> dict | None:
+    """Where a forked agent starts from (its `agent.spawned` fact), or None."""
+    from sessions.models import Event
+
+    data = (Event.objects.filter(agent_id=agent_id, type="agent.spawned").order_by("seq")
+            .values_list("data", flat=True).first())
+    return (data or {}).get("fork") or None
 
 
 @database_sync_to_async

@@ -225,6 +225,28 @@ async def _fresh(driver: AgentDriver, why: str) -> None:
     await _connect_or_retry(driver, new_sid)
 
 
+async def provision_fork(driver: AgentDriver, origin: dict) -> None:
+    """A forked agent's first sandbox: the source's checkpoint (its disk and
+    conversation through the boundary), or a fresh disk seeded with the
+    source's transcript through `at_event`. Journals `agent.sandbox` and
+    `agent.forked`; the driver connects afterwards."""
+    from sandboxes.driver import run_dir_for
+
+    info, backend = driver.info, driver.backend
+    plan = await _fork_plan(origin)
+    new_sid = await asyncio.to_thread(_build, backend, info, run_dir_for(info.id), plan)
+    cursor, session = (plan.cp_head, plan.cp_session) if plan.rung == "restore" else (0, "")
+    data = {"from": origin, "rung": plan.rung, "sandbox_id": new_sid}
+    if plan.seed is not None:
+        data["seeded_messages"] = len(plan.seed["messages"])
+    try:
+        await _commit_fork(info.id, new_sid, data, cursor, session)
+    except BaseException:
+        await asyncio.to_thread(backend.remove, new_sid)
+        raise
+    info.sandbox_id, info.cursor, info.session = new_sid, cursor, session
+
+
 async def _lose(info, old: str, reason: str) -> None:
     await _commit_lost(info.id, old, reason)
     log.error("agent %s: lost (%s)", info.id, reason)
@@ -465,10 +487,13 @@ _TRANSCRIPT_TYPES = ("turn.started", "turn.finished", "turn.interrupted", "messa
                      "tool.result")
 
 
-def _conversation_events(agent_id: str) -> list[dict]:
+def _conversation_events(agent_id: str, through: int | None = None) -> list[dict]:
     from sessions.models import Event
 
-    rows = (Event.objects.filter(agent_id=agent_id, type__in=_TRANSCRIPT_TYPES)
+    rows = Event.objects.filter(agent_id=agent_id, type__in=_TRANSCRIPT_TYPES)
+    if through is not None:
+        rows = rows.filter(seq__lte=through)
+    rows = (rows
             .order_by("seq").values_list("type", "data").iterator(chunk_size=2000))
     return [{"type": t, "data": d} for t, d in rows]
 
@@ -519,6 +544,42 @@ def _commit_fresh(agent_id: str, old: str, new: str, data: dict, cursor: int, se
         facts.append(("agent.sandbox", {"sandbox_id": new, "backend": data.get("backend"),
                                         "rung": data["rung"]}))
         facts.append(("agent.restored", data))
+        journal.append_many(agent_id, facts)
+
+
+@database_sync_to_async
+def _fork_plan(origin: dict) -> Plan:
+    from sessions.models import Checkpoint
+
+    source = origin["agent"]
+    if origin.get("checkpoint"):
+        row = Checkpoint.objects.get(pk=origin["checkpoint"], agent_id=source)
+        session = _session_of(row.path) or {}
+        return Plan("restore", "fork", {"id": row.pk, "path": row.path, "turn": row.turn},
+                    max_turn=row.turn, cp_session=str(session.get("session_id") or ""),
+                    cp_head=int(session.get("bseq") or 0))
+    through = int(origin["at_event"])
+    events = [e for e in _conversation_events(source, through=through)]
+    settled = events + [{"type": t, "data": d} for t, d in settle_facts(events, reason="forked")]
+    max_turn = max((int((e["data"] or {}).get("turn") or 0) for e in events
+                    if e["type"] == "turn.started"), default=0)
+    return Plan("rebuild", "fork", seed=seed_conversation(settled), max_turn=max_turn)
+
+
+@database_sync_to_async
+def _commit_fork(agent_id: str, sid: str, data: dict, cursor: int, session: str) -> None:
+    from sessions import journal
+    from sessions.models import Agent
+
+    with transaction.atomic():
+        status = Agent.objects.filter(pk=agent_id, sandbox_id="").values_list("status", flat=True).first()
+        if status is None:
+            raise LadderError(f"agent {agent_id} already has a sandbox")
+        Agent.objects.filter(pk=agent_id).update(bridge_cursor=cursor, bridge_session=session)
+        facts = [("agent.sandbox", {"sandbox_id": sid, "rung": data["rung"]}),
+                 ("agent.forked", data)]
+        if status == "starting":
+            facts.append(("agent.status", {"status": "idle", "reason": "forked"}))
         journal.append_many(agent_id, facts)
 
 

@@ -14,7 +14,7 @@ from django.views import defaults
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from .. import commands, journal
+from .. import commands, forks, journal
 from ..models import Agent, AgentStatus, Checkpoint, Event, iso_ts
 from .auth import visible_agent
 from .errors import ApiError, error_response, not_found
@@ -108,6 +108,9 @@ def agent_detail(request, user, agent_id: str):
     body = _summary(agent, _children_of([agent.id])[agent.id])
     body["spec"] = agent.spec
     body["workspace"] = agent.workspace.name
+    spawned = (Event.objects.filter(agent=agent, seq=1, type="agent.spawned")
+               .values_list("data", flat=True).first()) or {}
+    body["forked_from"] = spawned.get("fork")
     try:
         state = journal.replay(agent.id)
     except journal.Unrecoverable as exc:
@@ -203,14 +206,14 @@ def _checkpoint(cp: Checkpoint, event_ids: dict, max_age, now) -> dict:
     }
 
 
-# --- not yet built (fork lands with its issue) ------------------------------------------
+# --- fork ------------------------------------------------------------------------------
 
 
 @api_view("POST")
 def agent_fork(request, user, agent_id: str):
-    _agent(user, agent_id)
-    commands.check_key(idempotency_key(request))
-    return error_response(501, "not_implemented", "Forking an agent is not implemented yet.")
+    agent = _agent(user, agent_id)
+    outcome = forks.fork(user, agent.id, json_body(request), idempotency_key(request))
+    return outcome_response(outcome)
 
 
 @csrf_exempt
