@@ -36,7 +36,10 @@ def _why_missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: Playwright's sync API keeps an event loop running
+# in the main thread while it is open, and tests collected after the browser
+# tests (asyncio.run in unit tests) would then fail.
+@pytest.fixture(scope="module")
 def browser():
     why = _why_missing()
     if why:
