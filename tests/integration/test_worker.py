@@ -327,3 +327,18 @@ def _bridge_alive(agent: str) -> bool:
         if f"/run/{agent}".encode() in environ and b"ALINEO_RUN_DIR" in environ:
             return True
     return False
+
+
+def test_setup_runs_once_for_two_agents_of_one_spec(world):
+    # Each build writes a fresh random id; two agents reading the same id share one build.
+    spec = {"model": "demo", "setup": [
+        "head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \\n' > ~/built-id; echo setup-ran"]}
+    first = world.spawn(spec, "run: cat ~/built-id")
+    second = world.spawn(spec, "run: cat ~/built-id")
+    ids = []
+    for agent in (first, second):
+        events = world.wait_turns(agent, 1)
+        result = next(e["data"] for e in _of(events, "tool.result") if e["data"]["name"] == "bash")
+        assert result["exit_code"] == 0, result
+        ids.append(result["output"].strip())
+    assert ids[0] and ids[0] == ids[1]
