@@ -342,3 +342,19 @@ def test_setup_runs_once_for_two_agents_of_one_spec(world):
         assert result["exit_code"] == 0, result
         ids.append(result["output"].strip())
     assert ids[0] and ids[0] == ids[1]
+
+
+def test_a_failed_checkpoint_is_reported_and_is_not_a_failed_turn(world):
+    agent = world.spawn({"model": "demo", "checkpoint": True}, "sleep: 2")
+    blocker = world.server.data_dir / "checkpoints" / agent
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("a file where the checkpoint folder should be")  # the store cannot mkdir
+    events = world.wait_for(agent, lambda evs: _of(evs, "agent.checkpoint_failed"), "checkpoint_failed")
+    failed = _of(events, "agent.checkpoint_failed")[0]["data"]
+    assert failed["turn"] == 1 and failed["reason"]
+    assert _of(events, "turn.finished") and not _of(events, "agent.checkpointed")
+    assert world.get(f"/api/agents/{agent}")["status"] == "idle"
+    blocker.unlink()
+    world.send(agent, "prompt", "say: again")
+    events = world.wait_for(agent, lambda evs: _of(evs, "agent.checkpointed"), "a checkpoint")
+    assert _of(events, "agent.checkpointed")[0]["data"]["turn"] == 2
