@@ -26,9 +26,11 @@ def _add(apps, schema_editor):
         for sql in SQLITE_ADD:
             schema_editor.execute(sql)
         return
+    # The historical model predates these fields (the state operation runs
+    # alongside), so build each field here rather than look it up.
     model = apps.get_model("agent_sessions", "Agent")
-    for name in FIELDS:
-        schema_editor.add_field(model, model._meta.get_field(name))
+    for name, make in FIELDS.items():
+        schema_editor.add_field(model, _bound(make(), name, model))
 
 
 def _drop(apps, schema_editor):
@@ -37,8 +39,14 @@ def _drop(apps, schema_editor):
             schema_editor.execute(sql)
         return
     model = apps.get_model("agent_sessions", "Agent")
-    for name in FIELDS:
-        schema_editor.remove_field(model, model._meta.get_field(name))
+    for name, make in FIELDS.items():
+        schema_editor.remove_field(model, _bound(make(), name, model))
+
+
+def _bound(field, name, model):
+    field.set_attributes_from_name(name)
+    field.model = model
+    return field
 
 
 class Migration(migrations.Migration):
