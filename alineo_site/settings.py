@@ -189,3 +189,8 @@ ALINEO_CHECKPOINT_MAX_DAYS = 30
 ALINEO_WORKER_CHANNEL = "alineo-worker"
 # The worker's checkpoint retention sweep runs at boot and then this often.
 ALINEO_SWEEP_S = envfloat("ALINEO_SWEEP_S", 300.0)
+# Scheduled backups (off unless ALINEO_BACKUP_DIR is set): a bundle when the
+# newest one there is older than ALINEO_BACKUP_EVERY_S, keeping the newest K.
+ALINEO_BACKUP_DIR = envstr("ALINEO_BACKUP_DIR", "")
+ALINEO_BACKUP_EVERY_S = envfloat("ALINEO_BACKUP_EVERY_S", 86400.0)
+ALINEO_BACKUP_KEEP = envint("ALINEO_BACKUP_KEEP", 7)

@@ -47,6 +47,7 @@ class Supervisor:
         self.task: asyncio.Task | None = None
         self.next_watch = 0.0
         self.next_sweep = 0.0  # the first scan sweeps: a policy changed while down applies at boot
+        self.chores: asyncio.Task | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Task:
         loop = loop or asyncio.get_event_loop()
@@ -74,7 +75,7 @@ class Supervisor:
             await self.stop_drivers()
 
     async def stop_drivers(self) -> None:
-        tasks = list(self.drivers.values())
+        tasks = list(self.drivers.values()) + ([self.chores] if self.chores else [])
         for task in tasks:
             task.cancel()
         if tasks:
@@ -96,9 +97,10 @@ class Supervisor:
         if now >= self.next_watch:
             self.next_watch = now + WATCH_S
             await self.watch()
-        if now >= self.next_sweep:
+        if now >= self.next_sweep and (self.chores is None or self.chores.done()):
             self.next_sweep = now + settings.ALINEO_SWEEP_S
-            await self.housekeeping()
+            # A task of its own: a long backup must not hold up new commands.
+            self.chores = asyncio.get_running_loop().create_task(self.housekeeping(), name="housekeeping")
 
     async def housekeeping(self) -> None:
         """The retention sweep (and, when configured, a scheduled backup), off the loop."""
@@ -108,6 +110,10 @@ class Supervisor:
             await database_sync_to_async(sweep)()
         except Exception:
             log.exception("retention sweep failed")
+        if settings.ALINEO_BACKUP_DIR:
+            from sessions.backup import run_scheduled_if_due
+
+            await asyncio.to_thread(run_scheduled_if_due)  # never raises; logs a failure
 
     async def watch(self) -> None:
         """The watcher: agents that should be running whose sandbox is not

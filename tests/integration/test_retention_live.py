@@ -53,3 +53,28 @@ def test_the_sweep_removes_an_expired_checkpoint_by_itself():
         server.stop()
         _cleanup_sandboxes(server, "local")
         server.__exit__(None, None, None)
+
+
+def test_the_worker_takes_scheduled_backups_keeping_the_newest(tmp_path):
+    target = tmp_path / "backups"
+    server = LiveServer(env={"ALINEO_SANDBOX": "local", "ALINEO_SANDBOX_LABELS": LABEL,
+                             "ALINEO_SWEEP_S": "1", "ALINEO_BACKUP_DIR": str(target),
+                             "ALINEO_BACKUP_EVERY_S": "1", "ALINEO_BACKUP_KEEP": "2"})
+    server.start()
+    try:
+        seen: set[str] = set()
+
+        def bundles():
+            found = sorted(p for p in target.glob("alineo-backup-*") if (p / "manifest.json").exists())
+            seen.update(p.name for p in found)
+            return found
+
+        _wait(lambda: len(bundles()) and len(seen) >= 3, "three scheduled backups")
+        assert len(bundles()) <= 2  # a third was written, and only the newest 2 are kept
+        verified = server.manage("restore", "--from", str(bundles()[-1]), "--verify-only")
+        assert verified.returncode == 0
+    finally:
+        server.stop()
+        _cleanup_sandboxes(server, "local")
+        server.__exit__(None, None, None)
+
