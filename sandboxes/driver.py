@@ -272,7 +272,10 @@ class AgentDriver:
                 await self.control.request("abort")
                 await _mark(self.agent_id, cmd, "done")
             elif verb in ("pause", "resume"):
+                # The bridge lets the step in flight finish, then holds at the
+                # next step boundary (and starts no queued prompt) until resumed.
                 paused = verb == "pause"
+                await self.control.request("pause" if paused else "unpause")
                 await _mark(self.agent_id, cmd, "done")
             elif verb == "spawn":  # the sandbox exists now: nothing more to do
                 await _mark(self.agent_id, cmd, "done")

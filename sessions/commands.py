@@ -25,7 +25,7 @@ from django.db import DatabaseError, IntegrityError, transaction
 
 from . import credentials, journal, specs, wakeups
 from .api.auth import default_workspace, visible_agent
-from .models import Agent, AgentStatus, Command, CommandState, CommandVerb, Event
+from .models import Agent, AgentStatus, Command, CommandState, CommandVerb
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,6 @@ TEXT_VERBS = ("prompt", "steer")
 MAX_KEY = 255
 MAX_REASON = 1000
 # Statuses a paused agent may go back to; anything else resumes as idle.
-_RESUMABLE = {AgentStatus.STARTING, AgentStatus.RUNNING, AgentStatus.IDLE, AgentStatus.INTERRUPTED}
 
 
 class CommandRefused(Exception):
@@ -286,15 +285,19 @@ def _status_after(agent: Agent, verb: str) -> str | None:
 
 
 def _before_pause(agent: Agent) -> str:
-    """The status recorded when the agent was paused, so resume puts it back."""
-    data = (
-        Event.objects.filter(agent=agent, type="agent.status")
-        .order_by("-seq")
-        .values_list("data", flat=True)
-        .first()
-    ) or {}
-    previous = data.get("previous") if data.get("status") == AgentStatus.PAUSED else None
-    return previous if previous in _RESUMABLE else AgentStatus.IDLE
+    """Where resume puts the agent: running when a turn is open (it was held at a
+    step boundary), starting when it never got a sandbox, else idle. The
+    transcript says, not the status before the pause: the turn may have
+    finished while the agent was paused."""
+    try:
+        state = journal.replay(agent.id, write_snapshot=False)
+    except journal.JournalError:
+        return AgentStatus.IDLE
+    if state["current_turn"]:
+        return AgentStatus.RUNNING
+    if not agent.sandbox_id and not state["turns"]:
+        return AgentStatus.STARTING
+    return AgentStatus.IDLE
 
 
 def _locked(user, agent_id: Any, what: str) -> Agent:

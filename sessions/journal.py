@@ -171,9 +171,14 @@ def _write_groups(
         sets, params = [f"last_seq = last_seq + {ph}"], [n]
         changes = _projection((t, d) for items in requests for t, d, _ in items)
         if changes:
+            unless_paused = changes.pop(UNLESS_PAUSED, False)
             changes["updated_at"] = db_now
             for column, value in changes.items():
-                sets.append(f"{column} = {ph}")
+                if unless_paused and column in ("status", "status_reason"):
+                    # A paused agent stays paused whatever its turn does (state.HELD_BY_PAUSE).
+                    sets.append(f"{column} = CASE WHEN status = 'paused' THEN {column} ELSE {ph} END")
+                else:
+                    sets.append(f"{column} = {ph}")
                 params.append(value)
         cur.execute(
             f"UPDATE agent_sessions_agent SET {', '.join(sets)} WHERE id = {ph} RETURNING last_seq",
@@ -200,14 +205,28 @@ def _write_groups(
     return out
 
 
+UNLESS_PAUSED = "_unless_paused"
+
+
 def _projection(facts) -> dict[str, Any]:
-    """The agent row's status and sandbox id as the facts (type, data) leave them."""
+    """The agent row's status and sandbox id as the facts (type, data) leave them,
+    mirroring the reducer (sessions.state): turn facts do not unpause an agent."""
     changes: dict[str, Any] = {}
+    known = None  # the status this batch set explicitly, if any
     for etype, data in facts:
         if etype == "agent.status" and data.get("status") in AgentStatus.values:
-            changes["status"] = data["status"]
+            changes["status"] = known = data["status"]
             changes["status_reason"] = str(data.get("reason", ""))
+            changes.pop(UNLESS_PAUSED, None)
         elif etype in state_mod._STATUS_BY_TYPE:
+            held = etype in state_mod.HELD_BY_PAUSE
+            if held and known == "paused":
+                continue
+            if held and known is None:
+                changes[UNLESS_PAUSED] = True  # the stored status decides
+            else:
+                changes.pop(UNLESS_PAUSED, None)
+                known = state_mod._STATUS_BY_TYPE[etype]
             changes["status"] = state_mod._STATUS_BY_TYPE[etype]
             changes["status_reason"] = str(data.get("reason", ""))
         if etype == "agent.sandbox" or (etype == "agent.restored" and data.get("new_sandbox_id")):

@@ -28,6 +28,11 @@ _STATUS_BY_TYPE = {
 }
 
 
+# Facts of a turn that leave a paused agent paused: pause holds the agent,
+# whatever its turn does meanwhile; only `agent.status` (resume) releases it.
+HELD_BY_PAUSE = frozenset({"turn.started", "turn.finished", "turn.interrupted"})
+
+
 class ReplayError(Exception):
     """The transcript cannot be folded into a state (a gap, a malformed fact)."""
 
@@ -58,7 +63,7 @@ def reduce(state: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
         raise ReplayError(f"transcript gap: expected seq {state['last_seq'] + 1}, found {seq}")
     new = dict(state)
     new["last_seq"] = seq
-    if etype in _STATUS_BY_TYPE:
+    if etype in _STATUS_BY_TYPE and not (etype in HELD_BY_PAUSE and state["status"] == "paused"):
         new["status"] = _STATUS_BY_TYPE[etype]
         new["status_reason"] = str(data.get("reason", ""))
     handler = _HANDLERS.get(etype)

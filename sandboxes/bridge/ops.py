@@ -52,6 +52,12 @@ class Ops:
     def op_abort(self, req: dict) -> dict:
         return self.runner.abort("aborted")
 
+    def op_pause(self, req: dict) -> dict:
+        return self.runner.pause(True)
+
+    def op_unpause(self, req: dict) -> dict:
+        return self.runner.pause(False)
+
     def op_seed(self, req: dict) -> dict:
         return self.runner.seed(req.get("messages"), req.get("turns"))
 

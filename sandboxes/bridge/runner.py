@@ -111,6 +111,20 @@ class Runner:
             token.cancel(reason)  # outside the lock: kills process groups, closes sockets
         return {"aborted": True, "turn": cur["turn"]}
 
+    def pause(self, paused: bool) -> dict:
+        """Hold (or release) the agent: the step in flight finishes, the next
+        one waits at its boundary, and no queued prompt starts. Persisted, so
+        a paused agent stays paused across a bridge restart."""
+        with self.session.lock:
+            if bool(self.state.get("paused")) != paused:
+                self.state["paused"] = paused
+                cur = self.state["current"]
+                self.session.emit("bridge.paused" if paused else "bridge.unpaused",
+                                  {"turn": cur["turn"] if cur else None})
+                self.session.commit()
+                self.session.changed.notify_all()
+            return {"paused": paused}
+
     def seed(self, messages, turns=None) -> dict:
         """Start a fresh session from a conversation (the "rebuild" rung)."""
         msgs = conv.validate(messages)
@@ -131,6 +145,7 @@ class Runner:
             cur = self.state["current"]
             return {
                 "state": "running" if cur else "idle",
+                "paused": bool(self.state.get("paused")),
                 "turn": None if cur is None else {
                     "turn": cur["turn"], "command_id": cur["command_id"], "step": cur["step"]},
                 "queued": [q["turn"] for q in self.state["queue"]],
@@ -182,7 +197,8 @@ class Runner:
 
     def _next(self) -> dict | None:
         with self.session.lock:
-            self.session.changed.wait_for(lambda: self.state["queue"] or self.stopping)
+            self.session.changed.wait_for(
+                lambda: (self.state["queue"] and not self.state.get("paused")) or self.stopping)
             if self.stopping:
                 return None
             item = self.state["queue"].pop(0)
@@ -228,8 +244,13 @@ class Runner:
     def _boundary(self, turn: int) -> StepRequest | None:
         """Deliver pending steers and snapshot the conversation for the next step."""
         with self.session.lock:
+            if self.state.get("paused") and self._live(turn) is not None:
+                self.session.emit("turn.held", {"turn": turn, "step": self._live(turn)["step"]})
+                self.session.commit()
+                self.session.changed.wait_for(
+                    lambda: not self.state.get("paused") or self._live(turn) is None or self.stopping)
             cur = self._live(turn)
-            if cur is None:
+            if cur is None or self.stopping:
                 return None
             if cur["step"] >= self.max_steps:
                 self._settle(cur, "max_steps")

@@ -358,3 +358,20 @@ def test_a_failed_checkpoint_is_reported_and_is_not_a_failed_turn(world):
     world.send(agent, "prompt", "say: again")
     events = world.wait_for(agent, lambda evs: _of(evs, "agent.checkpointed"), "a checkpoint")
     assert _of(events, "agent.checkpointed")[0]["data"]["turn"] == 2
+
+
+def test_pause_holds_at_a_step_boundary_and_resume_goes_on(world):
+    agent = world.spawn(DEMO, "sleep: 2")
+    world.wait_for(agent, lambda evs: _of(evs, "tool.dispatched"), "the sleep step")
+    world.send(agent, "pause")
+    events = world.wait_for(agent, lambda evs: _of(evs, "turn.held"), "the turn held")
+    assert not _of(events, "turn.finished")  # the step in flight finished; the turn waits
+    world.send(agent, "prompt", "say: after the pause")
+    time.sleep(1.0)  # give a wrongly running agent the chance to go on
+    events = world.events(agent)
+    assert not _of(events, "turn.finished") and world.get(f"/api/agents/{agent}")["status"] == "paused"
+    world.send(agent, "resume")
+    events = world.wait_turns(agent, 2)
+    assert _of(events, "turn.finished")[-1]["data"]["text"] == "[demo] after the pause"
+    assert world.get(f"/api/agents/{agent}")["status"] == "idle"
+    assert_sound(events)

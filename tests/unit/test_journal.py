@@ -234,3 +234,18 @@ def test_a_watched_connection_sees_the_append(agent):
     assert rec.seq == 1
     assert any("INSERT INTO agent_sessions_event" in sql for sql in statements)
     assert Event.objects.get(agent=agent).seq == 1
+
+
+def test_a_paused_agent_stays_paused_while_its_turn_settles(agent):
+    from sessions import state
+
+    journal.append(agent.id, "turn.started", {"turn": 1})
+    journal.append(agent.id, "agent.status", {"status": "paused", "reason": "operator"})
+    journal.append(agent.id, "turn.finished", {"turn": 1})
+    journal.append_many(agent.id, [("turn.started", {"turn": 2}), ("turn.interrupted", {"turn": 2})])
+    assert Agent.objects.get(pk=agent.pk).status == "paused"
+    assert journal.replay(agent.id)["status"] == "paused"  # the reducer agrees with the row
+    journal.append_many(agent.id, [("agent.status", {"status": "idle"}), ("turn.started", {"turn": 3})])
+    assert Agent.objects.get(pk=agent.pk).status == "running"
+    replayed = state.replay([e.as_dict() for e in journal.page_after(agent.id, 0, 100).events])
+    assert replayed["status"] == "running"
