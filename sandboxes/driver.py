@@ -260,7 +260,7 @@ class AgentDriver:
                 await _mark(self.agent_id, cmd, "done")
             elif verb == "steer":
                 try:
-                    await self.control.request("steer", text=cmd.text)
+                    await self.control.request("steer", text=cmd.text, command_id=str(cmd.id))
                 except BridgeRequestError as exc:
                     if exc.code != "no_turn":
                         raise

@@ -544,7 +544,25 @@ def _commit_fresh(agent_id: str, old: str, new: str, data: dict, cursor: int, se
         facts.append(("agent.sandbox", {"sandbox_id": new, "backend": data.get("backend"),
                                         "rung": data["rung"]}))
         facts.append(("agent.restored", data))
+        requeued = _requeue_unstarted_prompts(agent_id)
+        if requeued:
+            facts.append(("command.requeued", {"commands": requeued, "reason": "sandbox_replaced"}))
         journal.append_many(agent_id, facts)
+
+
+def _requeue_unstarted_prompts(agent_id: str) -> list[int]:
+    """Prompts the lost bridge had accepted (their Command is done) but never
+    started a turn for were queued in the sandbox that is gone: make them
+    pending again so the driver sends them to the new bridge. The bridge
+    dedups by command id, so one a restored checkpoint still queues runs once."""
+    from sessions.models import Command, Event
+
+    started = {str((d or {}).get("command_id")) for d in Event.objects.filter(
+        agent_id=agent_id, type="turn.started").values_list("data", flat=True)}
+    waiting = [pk for pk in Command.objects.filter(agent_id=agent_id, verb="prompt", state="done")
+               .order_by("id").values_list("pk", flat=True) if str(pk) not in started]
+    Command.objects.filter(pk__in=waiting).update(state="pending", acted_at=None)
+    return waiting
 
 
 @database_sync_to_async
@@ -590,6 +608,11 @@ def _commit_lost(agent_id: str, old: str, reason: str) -> None:
     with transaction.atomic():
         facts = settle_facts(_conversation_events(agent_id))
         facts.append(("agent.lost", {"reason": reason, "old_sandbox_id": old}))
+        # Prompts queued in the lost bridge become pending again, so the driver
+        # fails them visibly (command.failed) instead of their vanishing.
+        requeued = _requeue_unstarted_prompts(agent_id)
+        if requeued:
+            facts.append(("command.requeued", {"commands": requeued, "reason": "agent_lost"}))
         journal.append_many(agent_id, facts)
 
 

@@ -47,7 +47,10 @@ class Ops:
         return self.runner.enqueue(text, command_id)
 
     def op_steer(self, req: dict) -> dict:
-        return self.runner.steer(_text(req))
+        command_id = req.get("command_id")
+        if command_id is not None and not isinstance(command_id, str):
+            raise OpError("bad_request", "command_id must be a string")
+        return self.runner.steer(_text(req), command_id)
 
     def op_abort(self, req: dict) -> dict:
         return self.runner.abort("aborted")

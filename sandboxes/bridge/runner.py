@@ -91,12 +91,18 @@ class Runner:
             self.session.commit()
             return {"turn": turn, "queued": ahead > 0, "position": ahead}
 
-    def steer(self, text: str) -> dict:
+    def steer(self, text: str, command_id: str | None = None) -> dict:
+        """Deliver at the next step boundary. `command_id` is an idempotency key,
+        as for prompts: a steer sent again after a crash is delivered once."""
         with self.session.lock:
+            seen = self.session.turn_for(command_id)
+            if seen is not None:
+                return {"turn": seen, "duplicate": True}
             cur = self.state["current"]
             if cur is None:
                 raise Busy("no_turn", "no turn is running: send a prompt instead")
             cur["steers"].append(text)
+            self.session.remember(command_id, cur["turn"])
             self.session.commit()  # an accepted steer must survive a crash
             return {"turn": cur["turn"]}
 

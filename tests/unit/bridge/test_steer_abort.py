@@ -46,3 +46,14 @@ def test_abort_during_a_tool_call_interrupts_it_and_the_next_prompt_works(make_b
     everything = client.events(0)
     assert types(everything).count("turn.interrupted") == 1
     assert types(everything).count("tool.result") == 1
+
+
+def test_a_steer_sent_again_with_its_command_id_is_delivered_once(make_bridge):
+    client = make_bridge().client
+    client.ok("prompt", text="sleep: 1")
+    client.wait_type("tool.dispatched")
+    first = client.ok("steer", text="say: once", command_id="41")
+    again = client.ok("steer", text="say: once", command_id="41")
+    assert again["duplicate"] is True and again["turn"] == first["turn"]
+    events = client.wait_type("turn.finished")
+    assert types(events).count("steer.delivered") == 1

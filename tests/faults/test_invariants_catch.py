@@ -1,0 +1,57 @@
+"""The checker catches what it claims to (no server: synthetic transcripts)."""
+
+from tests.faults import invariants
+
+
+def _ev(seq, etype, **data):
+    return {"seq": seq, "type": etype, "data": data}
+
+
+GOOD = [
+    _ev(1, "agent.spawned", command=1),
+    _ev(2, "command.prompt", command=2, text="x"),
+    _ev(3, "bridge.started", bseq=1),
+    _ev(4, "turn.started", turn=1, command_id="2", bseq=2),
+    _ev(5, "tool.dispatched", turn=1, tool_call_id="c1", name="write",
+        input={"path": "a.txt", "content": "A"}, bseq=3),
+    _ev(6, "tool.result", turn=1, tool_call_id="c1", name="write", exit_code=0, is_error=False,
+        bseq=4),
+    _ev(7, "turn.finished", turn=1, text="ok", bseq=5),
+]
+
+
+def _renumber(events):
+    return [dict(e, seq=i) for i, e in enumerate(events, 1)]
+
+
+def test_a_sound_transcript_has_no_violation():
+    assert invariants.transcript(None, "ag", GOOD) == []
+    assert invariants.expected_files(GOOD) == {"a.txt": "A"}
+
+
+def test_each_broken_invariant_is_reported():
+    gap = GOOD[:3] + [dict(e, seq=e["seq"] + 1) for e in GOOD[3:]]
+    assert any("not contiguous" in v for v in invariants.transcript(None, "ag", gap))
+    twice = _renumber(GOOD + [dict(GOOD[6])])
+    found = invariants.transcript(None, "ag", twice)
+    assert any("bseq 5 journaled twice" in v for v in found)
+    assert any("turn 1 settled 2 times" in v for v in found)
+    hole = _renumber(GOOD[:4] + [_ev(0, "turn.interrupted", turn=1, text="", bseq=9)])
+    assert any("with a gap" in v for v in invariants.transcript(None, "ag", hole))
+    cmd = _renumber(GOOD + [_ev(0, "command.prompt", command=2, text="x")])
+    assert any("command.prompt for command 2 journaled 2 times" in v
+               for v in invariants.transcript(None, "ag", cmd))
+    unsettled = _renumber(GOOD + [_ev(0, "turn.started", turn=2, command_id="3", bseq=6)])
+    assert any("turn 2 settled 0 times" in v for v in invariants.transcript(None, "ag", unsettled))
+    assert invariants.unsettled_turns(unsettled) == [2]
+
+
+def test_a_fresh_sandbox_starts_a_new_bridge_incarnation_and_resets_files():
+    rebuilt = _renumber(GOOD + [_ev(0, "agent.restored", rung="rebuild"),
+                                _ev(0, "bridge.started", bseq=1)])
+    assert invariants.transcript(None, "ag", rebuilt) == []
+    assert invariants.expected_files(rebuilt) == {}
+    restored = _renumber(GOOD + [_ev(0, "agent.restored", rung="restore", checkpoint_turn=1),
+                                 _ev(0, "bridge.started", bseq=5)])
+    assert invariants.transcript(None, "ag", restored) == []
+    assert invariants.expected_files(restored) == {"a.txt": "A"}

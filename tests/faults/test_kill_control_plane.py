@@ -1,0 +1,118 @@
+"""`kill -9` of the control plane at random points during turns (issue 4).
+
+A real server drives three agents (one with turn checkpoints, a child spawned
+by a `spawn:` directive, and more children now and then) through demo turns
+with `sleep:` steps, steers and spawns. Each iteration sends commands —
+some still in flight on another thread — waits a random moment, SIGKILLs the
+server, starts it again on the same data dir (commands in flight are retried
+with the same Idempotency-Key, as a client would), and checks every invariant
+(tests.faults.invariants) including the next prompt and the files.
+
+Seeded and reproducible in what it does (the moments depend on the machine):
+the seed comes from ALINEO_FAULT_SEED or is drawn, and is printed.
+ALINEO_FAULT_ITERATIONS overrides the local count (default 30; docker 5).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from tests.faults import invariants
+from tests.faults.harness import DEMO, World, cleanup_sandboxes, excerpt, make_server
+
+SEED = int(os.environ.get("ALINEO_FAULT_SEED") or random.SystemRandom().randrange(1, 2**31))
+ITERATIONS = {"local": int(os.environ.get("ALINEO_FAULT_ITERATIONS") or 30),
+              "docker": int(os.environ.get("ALINEO_FAULT_DOCKER_ITERATIONS") or 5)}
+MAX_CHILDREN = 3
+
+
+def _work(rng: random.Random, i: int, agent: str, may_spawn: bool) -> tuple[str, str]:
+    """A prompt for iteration i: a file, a sleep step, an echo; sometimes a spawn."""
+    token = f"c{i}-{agent[-6:]}-{rng.randrange(10**6)}"
+    lines = [f"write k{i}-{agent[-6:]}.txt: {token}",
+             f"sleep: {rng.choice(['0.2', '0.4', '0.8', '1.2'])}",
+             f"run: echo {token}"]
+    if may_spawn:
+        lines.append(f"spawn: say: child of iteration {i}")
+    rng.shuffle(lines)
+    return "\n".join(lines), token
+
+
+@pytest.mark.parametrize("kind", ["local", "docker"])
+def test_kill_minus_nine_during_turns(kind, fault_row):
+    n = ITERATIONS[kind]
+    rng = random.Random(f"{SEED}:{kind}")
+    fault_row.seed, fault_row.scenario = SEED, f"kill -9 control plane ({kind})"
+    print(f"\n[faults] kill -9 of the control plane on {kind}: seed {SEED} "
+          f"(ALINEO_FAULT_SEED={SEED} reproduces it), {n} iterations")
+    server = make_server(kind)
+    server.start()
+    try:
+        world = World(server, kind, server.create_actor("kim"))
+        parent = world.spawn({"model": "demo", "checkpoint": True},
+                             "write base.txt: base-of-parent\nspawn: say: first child")
+        other = world.spawn(DEMO, "write base.txt: base-of-other")
+        assert not invariants.settle(world, [parent, other], invariants.WAIT_SETTLE)
+        child = world.wait_for(parent, lambda evs: any(e["type"] == "agent.child_spawned"
+                                                       for e in evs),
+                               "the first child")
+        child = next(e["data"]["child"] for e in child if e["type"] == "agent.child_spawned")
+        targets = [parent, other, child]
+        spawned = 1
+        for i in range(1, n + 1):
+            picked = rng.sample(targets, rng.randint(1, len(targets)))
+            threads = []
+            for agent in picked:
+                may_spawn = agent == parent and spawned < MAX_CHILDREN and rng.random() < 0.15
+                spawned += may_spawn
+                text, _ = _work(rng, i, agent, may_spawn)
+                if rng.random() < 0.3:
+                    # In flight when the kill comes: the client retries with its key.
+                    t = threading.Thread(target=_send_later,
+                                         args=(world, agent, text, rng.uniform(0, 0.6)))
+                    t.start()
+                    threads.append(t)
+                else:
+                    world.send(agent, "prompt", text)
+                if rng.random() < 0.2:
+                    world.send(agent, "steer", f"say: steer {i} for {agent[-6:]}")
+            delay = rng.uniform(0.0, 1.6)
+            time.sleep(delay)
+            server.kill()
+            server.start()
+            for t in threads:
+                t.join(120)
+            violations = invariants.check(world)
+            fault_row.iterations = i
+            print(f"[faults] {kind} iteration {i}/{n}: killed after {delay:.2f} s, "
+                  f"{len(violations)} violation(s)", flush=True)
+            if violations:
+                fault_row.violations += [f"seed {SEED} iteration {i}: {v}" for v in violations]
+                print(f"[faults] iteration {i}: {len(violations)} violation(s):")
+                for v in violations:
+                    print("   ", v)
+                for agent in {v.split(":")[0] for v in violations if v.startswith("ag_")}:
+                    print(excerpt(world, agent))
+        fault_row.add_rungs(Counter(world.rungs_of([a["id"] for a in world.agents()])))
+        print(f"[faults] rungs taken: {dict(fault_row.rungs)}")
+        assert not fault_row.violations, (
+            f"seed {SEED}: {len(fault_row.violations)} invariant violation(s):\n"
+            + "\n".join(fault_row.violations[:30]))
+    finally:
+        world_close = locals().get("world")
+        if world_close is not None:
+            world_close.close()
+        server.stop()
+        cleanup_sandboxes(server, kind)
+        server.__exit__(None, None, None)
+
+
+def _send_later(world: World, agent: str, text: str, delay: float) -> None:
+    time.sleep(delay)
+    world.send(agent, "prompt", text, timeout=120)
