@@ -189,6 +189,9 @@ ALINEO_CHECKPOINT_MAX_DAYS = 30
 ALINEO_WORKER_CHANNEL = "alineo-worker"
 # The worker's checkpoint retention sweep runs at boot and then this often.
 ALINEO_SWEEP_S = envfloat("ALINEO_SWEEP_S", 300.0)
+# An agent with no activity for this long has its sandbox stopped (its state is
+# on disk and in the transcript); a prompt brings it back. 0 turns it off.
+ALINEO_IDLE_UNLOAD_S = envfloat("ALINEO_IDLE_UNLOAD_S", 1800.0)
 # Scheduled backups (off unless ALINEO_BACKUP_DIR is set): a bundle when the
 # newest one there is older than ALINEO_BACKUP_EVERY_S, keeping the newest K.
 ALINEO_BACKUP_DIR = envstr("ALINEO_BACKUP_DIR", "")

@@ -59,6 +59,22 @@ ENDED = ("stopped", "lost", "unrecoverable")
 KEEP_CHECKPOINTS = 3
 
 
+UNLOADED = "unloaded"  # the status reason of an agent whose sandbox idle unload stopped
+
+
+class IdleClock:
+    """When an agent has been quiet (no new bridge event) for ALINEO_IDLE_UNLOAD_S."""
+
+    def __init__(self, cursor: int):
+        self.cursor, self.since = cursor, time.monotonic()
+
+    def due(self, cursor: int) -> bool:
+        if cursor != self.cursor:
+            self.cursor, self.since = cursor, time.monotonic()
+        limit = settings.ALINEO_IDLE_UNLOAD_S
+        return bool(limit) and time.monotonic() - self.since >= limit
+
+
 class DriverError(Exception):
     pass
 
@@ -203,9 +219,12 @@ class AgentDriver:
         try:
             if (self.status or {}).get("pending_requests"):
                 await self.relay.answer_pending(self.status["pending_requests"])
+            idle = IdleClock(self.relay.cursor)
             while True:
                 self.wake.clear()
                 if await self._act_on_commands(relay_task):
+                    return True
+                if idle.due(self.relay.cursor) and await self._unload_if_idle(relay_task):
                     return True
                 waiter = asyncio.create_task(self.wake.wait())
                 await asyncio.wait({waiter, relay_task}, timeout=SAFETY_POLL_S,
@@ -223,6 +242,32 @@ class AgentDriver:
             if not relay_task.done():
                 relay_task.cancel()
             await asyncio.gather(relay_task, return_exceptions=True)
+
+    async def _unload_if_idle(self, relay_task) -> bool:
+        """Idle unload: no turn, nothing queued or pending for ALINEO_IDLE_UNLOAD_S.
+        Journaled first (so the watcher leaves the stopped sandbox alone), then
+        the bridge saves and exits and the sandbox is stopped; this driver ends
+        and its memory goes. A prompt brings it back (rung restart/resume, the
+        bridge on its session: `session_start` fires with source "resume")."""
+        status = await self.control.request("status")
+        if (status.get("state") != "idle" or status.get("queued") or status.get("paused")
+                or status.get("pending_requests") or await _pending(self.agent_id)
+                or self.relay.cursor < int(status.get("head") or 0)):
+            return False
+        info = self.info
+        await _journal(info.id, [
+            ("agent.unloaded", {"sandbox_id": info.sandbox_id,
+                                "idle_s": settings.ALINEO_IDLE_UNLOAD_S}),
+            ("agent.status", {"status": "idle", "reason": UNLOADED})])
+        try:
+            await self.control.request("shutdown")
+        except BridgeError as exc:
+            log.info("agent %s: bridge shutdown at unload: %s", info.id, exc)
+        relay_task.cancel()
+        await asyncio.to_thread(self.backend.stop, info.sandbox_id)
+        log.info("agent %s: unloaded after %ss idle (sandbox %s stopped)", info.id,
+                 settings.ALINEO_IDLE_UNLOAD_S, info.sandbox_id[:16])
+        return True
 
     # --- the sandbox ---------------------------------------------------------------------------
     async def _act_without_sandbox(self) -> bool:

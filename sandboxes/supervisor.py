@@ -173,23 +173,28 @@ class Supervisor:
 
 @database_sync_to_async
 def _agents_with_work() -> list[str]:
-    from sessions.models import Agent, Command
+    from sessions.models import Command
 
     pending = set(Command.objects.filter(state="pending", agent__isnull=False)
                   .values_list("agent_id", flat=True).distinct())
-    live = set(Agent.objects.exclude(sandbox_id="")
-               .exclude(status__in=("stopped", "lost", "unrecoverable"))
-               .values_list("id", flat=True))
+    live = set(_live().values_list("id", flat=True))
     return sorted(pending | live)
+
+
+def _live():
+    """Agents whose sandbox should be running: not ended, not unloaded (idle
+    unload stopped those on purpose; a command brings them back)."""
+    from sandboxes.driver import UNLOADED
+    from sessions.models import Agent
+
+    return (Agent.objects.exclude(sandbox_id="")
+            .exclude(status__in=("stopped", "lost", "unrecoverable"))
+            .exclude(status="idle", status_reason=UNLOADED))
 
 
 @database_sync_to_async
 def _live_agents() -> list[tuple[str, str]]:
-    from sessions.models import Agent
-
-    return list(Agent.objects.exclude(sandbox_id="")
-                .exclude(status__in=("stopped", "lost", "unrecoverable"))
-                .values_list("id", "sandbox_id"))
+    return list(_live().values_list("id", "sandbox_id"))
 
 
 def current() -> Supervisor | None:
