@@ -1,0 +1,59 @@
+"""Agent memory is keyed by agent identity, not sandbox: a note written
+through the `memory` tool is read back after the sandbox was lost and the
+agent rebuilt on a fresh one (a real provider's wire format against a fake
+model server; the worker answers the bridge's memory requests)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from tests.integration.test_worker import _of, world  # noqa: F401  (fixture)
+from tests.unit.bridge.fake_models import SSE, FakeModelServer, openai_events
+
+
+def _memory_call(call_id: str, args: dict) -> SSE:
+    return SSE(openai_events([], [(call_id, "memory", [json.dumps(args)])]))
+
+
+def _remove_sandbox(world, sandbox_id: str) -> None:
+    if world.kind == "docker":
+        from sandboxes.backends.docker import DockerBackend
+
+        DockerBackend().remove(sandbox_id)
+    else:
+        from sandboxes.backends.local import LocalBackend
+
+        LocalBackend(root=world.server.data_dir / "sandboxes").remove(sandbox_id)
+
+
+def test_memory_survives_the_loss_of_the_sandbox(world):
+    note = "note-" + uuid.uuid4().hex[:8]
+    with FakeModelServer() as fake:
+        fake.script = [
+            _memory_call("m1", {"op": "set", "key": "plan", "value": note}),
+            SSE(openai_events(["Saved."])),
+        ]
+        world.server.django(
+            "from sessions.models import Workspace\nfrom sessions.credentials import set_secret\n"
+            f"ws = Workspace.objects.get(name={world.actor.workspace!r})\n"
+            "set_secret(ws, 'k', 'sk-fake-key-123456')\n"
+            f"set_secret(ws, 'u', {fake.url + '/v1'!r})\nresult = 1\n")
+        spec = {"model": "openai:fake", "network": "host",
+                "credentials": [{"name": "k", "env": "OPENAI_API_KEY"},
+                                {"name": "u", "env": "OPENAI_BASE_URL"}]}
+        agent = world.spawn(spec, "remember the plan")
+        world.wait_turns(agent, 1)
+        sandbox = world.get(f"/api/agents/{agent}")["sandbox_id"]
+        _remove_sandbox(world, sandbox)  # no checkpoint: the agent is rebuilt on a fresh disk
+
+        fake.script += [
+            _memory_call("m2", {"op": "get", "key": "plan"}),
+            SSE(openai_events(["Recalled."])),
+        ]
+        world.send(agent, "prompt", "what was the plan?")
+        events = world.wait_turns(agent, 2)
+    assert world.get(f"/api/agents/{agent}")["sandbox_id"] != sandbox
+    assert _of(events, "agent.restored")[-1]["data"]["rung"] == "rebuild"
+    got = next(e["data"] for e in _of(events, "tool.result") if e["data"]["tool_call_id"] == "m2")
+    assert json.loads(got["output"]) == {"key": "plan", "found": True, "value": note}
