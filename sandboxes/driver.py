@@ -48,7 +48,7 @@ from sandboxes.backends.base import CONTAINER_RUN_DIR, LABEL_AGENT, SandboxStatu
 from sandboxes.bridge_client import BridgeClient, BridgeError, BridgeRequestError, BridgeUnavailable
 from sandboxes.checkpoints import rotate_checkpoints, store_checkpoint
 from sandboxes.relay import Relay
-from sessions import credentials
+from sessions import approvals, credentials
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,10 @@ class AgentDriver:
             if info.status in ENDED or not info.sandbox_id:
                 if not await self._act_without_sandbox():
                     return
+                # Held credentials: no sandbox (and no secret) before an operator
+                # approved them; approval_requested is journaled and we wait.
+                if not await _approved(info.id, approvals.FIRST_START):
+                    return
                 origin = await _fork_origin(info.id)
                 if origin is not None:
                     await ladder.provision_fork(self, origin)
@@ -180,6 +184,10 @@ class AgentDriver:
         except ladder.AgentLost:
             self.info = await _load(self.agent_id)
             await self._act_without_sandbox()
+        except approvals.AwaitingApproval as exc:
+            # The sandbox is gone and its replacement waits for an approval: the
+            # approval's wake-up (or the supervisor's scan) runs us again.
+            log.info("agent %s: %s", self.agent_id, exc)
         finally:
             self.healthy = False
             await self.disconnect()
@@ -500,6 +508,9 @@ def _sandbox_started(agent_id: str, sandbox_id: str, backend: str) -> None:
         if status == "starting":
             facts.append(("agent.status", {"status": "idle", "reason": "sandbox started"}))
         journal.append_many(agent_id, facts)
+
+
+_approved = database_sync_to_async(approvals.ensure_approved)
 
 
 @database_sync_to_async

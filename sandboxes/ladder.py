@@ -167,9 +167,15 @@ async def _connect_or_retry(driver: AgentDriver, sid: str) -> None:
 async def _fresh(driver: AgentDriver, why: str) -> None:
     """Rungs 4-6: a fresh sandbox (restore or rebuild), else lost."""
     from sandboxes.driver import run_dir_for
+    from sessions import approvals
 
     info, backend = driver.info, driver.backend
     old = info.sandbox_id
+    # A fresh sandbox gets the bound secrets again: held ones need a new approval.
+    if not await database_sync_to_async(approvals.ensure_approved)(info.id,
+                                                                    approvals.SANDBOX_REPLACED):
+        raise approvals.AwaitingApproval(
+            f"sandbox {old[:16]} is gone ({why}); its replacement waits for a credential approval")
     plan = await _plan(info)
     plan.extra["cause"] = why
     failures, last_error = 0, ""
@@ -532,7 +538,7 @@ def _plan(info, *, skip_checkpoints: bool = False, reason: str | None = None) ->
 @database_sync_to_async
 def _commit_fresh(agent_id: str, old: str, new: str, data: dict, cursor: int, session: str,
                   skip_turn: int | None) -> None:
-    from sessions import journal
+    from sessions import approvals, journal
     from sessions.models import Agent
 
     with transaction.atomic():
@@ -541,6 +547,9 @@ def _commit_fresh(agent_id: str, old: str, new: str, data: dict, cursor: int, se
         if moved != 1:
             raise LadderError(f"agent {agent_id}: its sandbox is no longer {old}")
         facts = settle_facts(_conversation_events(agent_id), skip_turn=skip_turn)
+        back = approvals.status_after_replacement(agent_id)
+        if back is not None:  # "restoring, waiting for approval" ends here
+            facts.insert(0, back)
         facts.append(("agent.sandbox", {"sandbox_id": new, "backend": data.get("backend"),
                                         "rung": data["rung"]}))
         facts.append(("agent.restored", data))

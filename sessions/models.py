@@ -150,6 +150,7 @@ class CommandVerb(models.TextChoices):
     RESUME = "resume"
     STOP = "stop"
     FORK = "fork"
+    APPROVE = "approve"
 
 
 class CommandState(models.TextChoices):

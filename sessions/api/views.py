@@ -14,7 +14,7 @@ from django.views import defaults
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from .. import commands, forks, journal
+from .. import approvals, commands, forks, journal
 from ..models import Agent, AgentStatus, Checkpoint, Event, iso_ts
 from .auth import visible_agent
 from .errors import ApiError, error_response, not_found
@@ -133,6 +133,14 @@ def agent_detail(request, user, agent_id: str):
 def agent_command(request, user, agent_id: str, verb: str):
     agent = _agent(user, agent_id)
     outcome = commands.send(user, agent.id, verb, json_body(request), idempotency_key(request))
+    return outcome_response(outcome)
+
+
+@api_view("POST")
+def agent_approve(request, user, agent_id: str):
+    """Approve held credential bindings for the agent's next sandbox start."""
+    agent = _agent(user, agent_id)
+    outcome = approvals.approve(user, agent.id, json_body(request), idempotency_key(request))
     return outcome_response(outcome)
 
 

@@ -1,0 +1,217 @@
+"""Held credentials: a binding with `"approval": "hold"` reaches a sandbox only
+after an operator approved it for THAT sandbox start.
+
+The transcript is the truth. An approval counts for one sandbox start: every
+`agent.sandbox` fact (a first sandbox, a restore, a rebuild, a fork's first
+sandbox) consumes it. So, reading the facts after the newest `agent.sandbox`:
+
+- `credential.approval_requested {bindings, reason, previous}` — the worker
+  was about to create a sandbox and held bindings were not approved
+  (`reason`: "first_start" or "sandbox_replaced"). Journaled once per start,
+  with an `agent.status` that says what the agent waits for ("starting" on a
+  first start, "restoring" when its sandbox is being replaced).
+- `credential.approved {bindings, by, command}` — `POST /api/agents/{id}/approve`.
+
+The worker (sandboxes.driver first start, sandboxes.ladder `_fresh`) calls
+:func:`ensure_approved` right before it creates the sandbox; False means
+"wait": the driver returns and the supervisor's scan, or the approval's
+wake-up, runs it again. Nothing is lost silently and no secret is injected
+before its approval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from . import journal
+from .models import Agent, AgentStatus, Command, CommandVerb, Event
+
+REQUESTED = "credential.approval_requested"
+APPROVED = "credential.approved"
+SANDBOX = "agent.sandbox"
+FIRST_START = "first_start"
+SANDBOX_REPLACED = "sandbox_replaced"
+REASONS = (FIRST_START, SANDBOX_REPLACED)
+ENDED = (AgentStatus.STOPPED, AgentStatus.LOST, AgentStatus.UNRECOVERABLE)
+#: Statuses an agent goes back to once its replaced sandbox is up (else idle).
+_BACK_TO = ("idle", "interrupted", "running")
+
+
+class AwaitingApproval(Exception):
+    """The sandbox cannot start yet: held credentials wait for an operator."""
+
+
+def held_bindings(spec: Any) -> tuple[str, ...]:
+    """Names of the spec's bindings with approval "hold", in spec order, once each."""
+    bindings = (spec or {}).get("credentials") if isinstance(spec, dict) else None
+    names = [b.get("name") for b in bindings or [] if isinstance(b, dict)
+             and b.get("approval") == "hold" and isinstance(b.get("name"), str)]
+    return tuple(dict.fromkeys(names))
+
+
+@dataclass(frozen=True)
+class ApprovalState:
+    held: tuple[str, ...]
+    requested: dict | None  # the open request since the newest sandbox start: its data + "seq"
+    approved: frozenset[str]
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        """Held bindings not yet approved for the next sandbox start."""
+        return tuple(n for n in self.held if n not in self.approved)
+
+    @property
+    def ready(self) -> bool:
+        """The next sandbox may start (with every bound secret)."""
+        return not self.missing
+
+    @property
+    def waiting(self) -> bool:
+        """An approval was asked for and is still (partly) outstanding."""
+        return self.requested is not None and not self.ready
+
+
+def approval_state(spec: Any, events: Iterable[Any]) -> ApprovalState:
+    """Pure: the approval state after `events` (dicts {"seq","type","data"} or
+    (seq, type, data) tuples, in seq order). A sandbox start consumes every
+    approval and closes the request."""
+    requested: dict | None = None
+    approved: set[str] = set()
+    for event in events:
+        seq, etype, data = _unpack(event)
+        if etype == SANDBOX:
+            requested, approved = None, set()
+        elif etype == REQUESTED:
+            requested = {**data, "seq": seq}
+        elif etype == APPROVED and requested is not None:
+            approved |= {n for n in data.get("bindings") or [] if isinstance(n, str)}
+    return ApprovalState(held_bindings(spec), requested, frozenset(approved))
+
+
+def waiting_reason(names: Iterable[str]) -> str:
+    return f"waiting for approval of credential(s) {', '.join(names)}"
+
+
+def _unpack(event) -> tuple[int, str, dict]:
+    if isinstance(event, dict):
+        seq, etype, data = event.get("seq"), event.get("type"), event.get("data")
+    else:
+        seq, etype, data = event
+    return seq, etype, data if isinstance(data, dict) else {}
+
+
+# --- database ------------------------------------------------------------------------------
+
+
+def state_of(agent: Agent) -> ApprovalState:
+    """The agent's approval state, read from its transcript (the facts after its
+    newest sandbox start)."""
+    held = held_bindings(agent.spec)
+    if not held:
+        return ApprovalState((), None, frozenset())
+    since = (Event.objects.filter(agent_id=agent.pk, type=SANDBOX).order_by("-seq")
+             .values_list("seq", flat=True).first()) or 0
+    rows = (Event.objects.filter(agent_id=agent.pk, seq__gt=since, type__in=(REQUESTED, APPROVED))
+            .order_by("seq").values_list("seq", "type", "data"))
+    return approval_state(agent.spec, rows)
+
+
+def ensure_approved(agent_id: str, reason: str) -> bool:
+    """The worker is about to create a sandbox for `agent_id`: True when it may
+    (no held binding, or every one approved for this start). Otherwise journal
+    `credential.approval_requested` (once per start) with a status that says
+    what the agent waits for, and return False. Blocking (call from a thread)."""
+    assert reason in REASONS, reason
+    with transaction.atomic():
+        agent = Agent.objects.select_for_update(of=("self",)).filter(pk=agent_id).first()
+        if agent is None:
+            return False
+        state = state_of(agent)
+        if state.ready:
+            return True
+        if state.requested is None:
+            facts = [(REQUESTED, {"bindings": list(state.missing), "reason": reason,
+                                  "previous": agent.status})]
+            if agent.status not in ENDED and agent.status != AgentStatus.PAUSED:
+                status = AgentStatus.STARTING if reason == FIRST_START else AgentStatus.RESTORING
+                facts.append(("agent.status", {"status": status.value, "previous": agent.status,
+                                               "reason": waiting_reason(state.missing)}))
+            journal.append_many(agent_id, facts)
+        return False
+
+
+def status_after_replacement(agent_id: str) -> tuple[str, dict] | None:
+    """For the transaction that commits a replacement sandbox: the
+    `agent.status` fact that ends a "restoring … waiting for approval" status
+    (back to what the agent was), or None when there is nothing to undo."""
+    row = Agent.objects.filter(pk=agent_id).values_list("status", "status_reason").first()
+    if row is None or row[0] != AgentStatus.RESTORING or not row[1].startswith("waiting for approval"):
+        return None
+    data = (Event.objects.filter(agent_id=agent_id, type=REQUESTED).order_by("-seq")
+            .values_list("data", flat=True).first()) or {}
+    back = data.get("previous") if data.get("previous") in _BACK_TO else "idle"
+    return ("agent.status", {"status": back, "reason": "sandbox replaced after approval"})
+
+
+# --- the command ---------------------------------------------------------------------------
+
+
+def approve(user, agent_id: str, body: Any, key: str | None = None):
+    """`POST /api/agents/{id}/approve` {"bindings": [names]?} → 202: approve the
+    held bindings the agent waits for (default: all of them) for its next
+    sandbox start. Idempotent by Idempotency-Key; 409 approval.not_requested
+    when nothing waits. Returns a sessions.commands.Outcome."""
+    from . import commands as c
+
+    key = c.check_key(key)
+    body = c._object(body)
+    c._only(body, ("bindings",))
+    names = body.get("bindings")
+    if names is not None:
+        if (not isinstance(names, list) or not names
+                or not all(isinstance(n, str) and n for n in names)):
+            raise c.CommandRefused(400, "request.invalid",
+                                   "bindings must be a non-empty list of binding names.")
+        names = list(dict.fromkeys(names))
+    digest = c.request_hash("approve", agent_id, body)
+    return c._execute(user, key, digest, partial(_approve, user, agent_id, names, key, digest))
+
+
+def _approve(user, agent_id: str, names: list[str] | None, key, digest):
+    from . import commands as c
+
+    agent = c._locked(user, agent_id, "agent")
+    c._refuse_if_ended(agent)
+    state = state_of(agent)
+    if not state.waiting:
+        raise c.CommandRefused(
+            409, "approval.not_requested",
+            f"Agent {agent.id} is not waiting for a credential approval"
+            + (" (it holds no credential for approval)." if not state.held else "."),
+        )
+    if names is None:
+        names = list(state.missing)
+    unknown = [n for n in names if n not in state.held]
+    if unknown:
+        raise c.CommandRefused(
+            400, "approval.unknown_binding",
+            f"Agent {agent.id} holds no binding named {unknown[0]!r} for approval; "
+            f"it waits for {', '.join(state.missing)}.", bindings=list(state.missing))
+    cmd = c._record(user, agent, CommandVerb.APPROVE, key, digest, 202)
+    by = user.get_username()
+    record = journal.append(agent.id, APPROVED, {"bindings": names, "by": by, "command": cmd.pk})
+    waiting = [n for n in state.missing if n not in names]
+    body = {"command": cmd.pk, "agent": agent.id, "verb": "approve", "seq": record.seq,
+            "bindings": names, "waiting_for": waiting, "state": "done"}
+    # The approval is acted on here (its fact is the act): nothing is left for
+    # the worker but to be woken, so it creates the sandbox now.
+    Command.objects.filter(pk=cmd.pk).update(response_body=body, seq=record.seq, state="done",
+                                            acted_at=timezone.now())
+    transaction.on_commit(partial(c.wake_worker, [cmd.pk]))
+    return c.Outcome(202, body)
