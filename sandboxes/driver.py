@@ -111,6 +111,14 @@ def harness_revision() -> str:
 _REVISION: str | None = None
 
 
+def profile_revision(spec: dict) -> str:
+    """A hash of what shapes the sandbox a checkpoint was taken in (image, setup,
+    packages, user, network, limits): which sandbox profile it belongs to."""
+    keys = ("image", "packages", "setup", "run_as", "network", "limits")
+    profile = json.dumps({k: spec.get(k) for k in keys}, sort_keys=True, default=str)
+    return hashlib.sha256(profile.encode()).hexdigest()[:16]
+
+
 def run_dir_for(agent_id: str) -> Path:
     return Path(settings.DATA_DIR) / "run" / agent_id
 
@@ -542,7 +550,8 @@ def _record_checkpoint(info: AgentInfo, turn: int, through_seq: int, stored) -> 
         row = Checkpoint.objects.create(
             agent_id=info.id, sandbox_id=info.sandbox_id, turn=turn, through_seq=through_seq,
             path=str(stored.path), bytes=stored.bytes, duration_ms=stored.ms,
-            harness_revision=harness_revision(), expires_at=now + timedelta(days=info.max_age_days))
+            harness_revision=harness_revision(), profile_revision=profile_revision(info.spec),
+            expires_at=now + timedelta(days=info.max_age_days))
         journal.append(info.id, "agent.checkpointed",
                        {"checkpoint": row.pk, "turn": turn, "bytes": stored.bytes, "ms": stored.ms})
     rotate_checkpoints(info.id, info.sandbox_id, keep=info.keep)

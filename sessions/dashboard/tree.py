@@ -10,6 +10,7 @@ from django.views.decorators.http import require_GET
 
 from ..api.auth import workspaces_of
 from ..forms import TextCommandForm
+from ..models import Event
 from .common import login_required, summarize, tree_version, visible_agents
 
 
@@ -20,9 +21,12 @@ def tree_context(user) -> dict:
     for agent in agents:
         by_parent.setdefault(agent.parent_id, []).append(agent)
 
+    origins = fork_origins([a.id for a in agents])
+
     def build(parent_id):
         return [
-            {**summarize(a), "children": build(a.id)} for a in by_parent.get(parent_id, [])
+            {**summarize(a), "forked_from": origins.get(a.id), "children": build(a.id)}
+            for a in by_parent.get(parent_id, [])
         ]
 
     return {
@@ -32,6 +36,13 @@ def tree_context(user) -> dict:
         "count": len(agents),
         **node_forms(),
     }
+
+
+def fork_origins(agent_ids: list[str]) -> dict[str, dict]:
+    """Where each forked agent came from (its first fact says), by agent id."""
+    rows = Event.objects.filter(agent_id__in=agent_ids, seq=1, type="agent.spawned").values_list(
+        "agent_id", "data")
+    return {agent_id: data["fork"] for agent_id, data in rows if (data or {}).get("fork")}
 
 
 @require_GET

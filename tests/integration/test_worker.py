@@ -246,6 +246,10 @@ def test_turn_checkpoints_are_taken_and_rotate_to_three(world):
     live = sorted(r["turn"] for r in rows if r["deleted_at"] is None)
     assert live == [2, 3, 4] and len(rows) == 4
     assert _count(world.events(agent), "agent.checkpoint_failed") == 0
+    listed = world.get(f"/api/agents/{agent}/checkpoints")["checkpoints"]
+    assert [c["state"] for c in listed] == ["live", "live", "live", "deleted"]
+    assert all(len(c["harness_revision"]) == 16 and len(c["profile_revision"]) == 16 for c in listed)
+    assert all(c["through_event_id"] for c in listed)
 
 
 def test_stop_removes_the_sandbox(world):

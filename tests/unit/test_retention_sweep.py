@@ -69,3 +69,14 @@ def test_a_path_outside_the_data_dir_is_never_deleted(agent, tmp_path):
     Checkpoint.objects.filter(pk=cp.pk).update(path=str(outside))
     assert sweep().removed == 1
     assert outside.read_text() == "keep me"
+
+
+def test_lengthening_the_policy_never_lengthens_a_checkpoints_life(agent, workspace):
+    workspace.checkpoint_max_age_days = 7
+    workspace.save()
+    cp = _checkpoint(agent, 1, age_days=8, expires_in_days=7)  # taken under the 7-day policy
+    workspace.checkpoint_max_age_days = 30  # lengthened later (allowed up to 30 for new ones)
+    workspace.save()
+    assert sweep().by_reason == {"expired": 1}  # its own expiry still holds
+    cp.refresh_from_db()
+    assert cp.deleted_at is not None and cp.expires_at == cp.created_at + timedelta(days=7)

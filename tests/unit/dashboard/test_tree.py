@@ -80,3 +80,15 @@ def test_relative_times_carry_the_exact_time(logged_in, make_agent):
     make_agent()
     html = logged_in.get("/").content.decode()
     assert 'data-rel>' in html and 'title="20' in html and " UTC" in html
+
+
+def test_the_tree_shows_where_a_fork_came_from(client, owner, workspace):
+    from sessions import journal
+    from sessions.models import Agent
+
+    source = Agent.objects.create(workspace=workspace, spec={"model": "demo"})
+    fork = Agent.objects.create(workspace=workspace, spec={"model": "demo"})
+    journal.append(fork.id, "agent.spawned", {"fork": {"agent": source.id, "at_event": 7}})
+    client.force_login(owner)
+    html = client.get("/").content.decode()
+    assert f"forked from <a href=\"/agents/{source.id}" in html and "@ event 7" in html
