@@ -8,8 +8,9 @@ newest checkpoint), and the agent answers a prompt and finds the files it
 wrote before the loss.
 
 Both backends (the docker half is skipped loudly without an engine, as in
-test_worker.py). The docker half does not delete the base image from the
-engine: other suites share it; restore's `docker load` then finds it present.
+test_worker.py). The docker half also "wipes" the images (their tags; a
+keep-tag holds the layers, since other suites share the engine), and the
+restore must load them back.
 """
 
 from __future__ import annotations
@@ -39,6 +40,55 @@ pytestmark = pytest.mark.live
 
 def _bash_outputs(events) -> list[str]:
     return [e["data"].get("output", "") for e in _of(events, "tool.result") if e["data"].get("name") == "bash"]
+
+
+# The engine is shared with the rest of the suite: "wiping" an image removes
+# its tag while a keep-tag holds its layers, so a failed restore can put it back.
+_KEPT: dict[str, str] = {}
+
+
+def _untag_images(tags: list[str]) -> list[str]:
+    import docker
+
+    client = docker.from_env()
+    try:
+        for i, tag in enumerate(tags):
+            keep = f"alineo-test-keep:{LABEL.split('=')[-1]}-{i}"
+            client.images.get(tag).tag(keep)
+            client.images.remove(tag)
+            _KEPT[tag] = keep
+            assert not _image_exists(tag)
+    finally:
+        client.close()
+    return tags
+
+
+def _image_exists(tag: str) -> bool:
+    import docker
+
+    client = docker.from_env()
+    try:
+        client.images.get(tag)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+    finally:
+        client.close()
+
+
+def _retag_kept() -> None:
+    import docker
+
+    client = docker.from_env()
+    try:
+        for tag, keep in list(_KEPT.items()):
+            if not _image_exists(tag):
+                repo, _, version = tag.partition(":")
+                client.images.get(keep).tag(repo, version)
+            client.images.remove(keep)
+            _KEPT.pop(tag)
+    finally:
+        client.close()
 
 
 @pytest.mark.parametrize("kind", ["local", "docker"])
@@ -78,6 +128,8 @@ def test_backup_wipe_restore_and_the_agent_finds_its_files(kind, tmp_path):
         old.stop()
         _cleanup_sandboxes(old, kind)
         shutil.rmtree(old.data_dir)
+        if kind == "docker":  # and its images: the restore must bring the tags back
+            wiped = _untag_images([i["tag"] for i in manifest["images"]])
 
         # --- restore into a fresh data dir at another path ---------------------------------------
         restored_out = new.manage("restore", "--from", str(backups), timeout=600).stdout
@@ -89,6 +141,8 @@ def test_backup_wipe_restore_and_the_agent_finds_its_files(kind, tmp_path):
             f"result = list(Checkpoint.objects.filter(agent_id={agent!r}, deleted_at=None)"
             ".values_list('path', flat=True))\n")
         assert len(rows) == 2 and all(Path(p).is_relative_to(new_dir) and Path(p).is_file() for p in rows), rows
+        if kind == "docker":
+            assert all(_image_exists(tag) for tag in wiped), "restore did not load the images back"
 
         # A restore into the now non-empty data dir is refused without --force.
         again = new.manage("restore", "--from", str(backups), check=False)
@@ -117,6 +171,8 @@ def test_backup_wipe_restore_and_the_agent_finds_its_files(kind, tmp_path):
         settled_once(events)
         assert_sound(events)
     finally:
+        if kind == "docker":
+            _retag_kept()
         for server in (old, new):
             server.stop()
             _cleanup_sandboxes(server, kind)
