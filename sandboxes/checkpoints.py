@@ -553,7 +553,7 @@ def store_checkpoint(backend, sandbox_id: str, agent_id: str, turn: int, *,
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_path(path.parent)
     return StoredCheckpoint(path, size, int(round((time.monotonic() - t0) * 1000)))
 
 
@@ -566,7 +566,8 @@ def restore_checkpoint(backend, sandbox_id: str, path: str | os.PathLike) -> int
     return int(round((time.monotonic() - t0) * 1000))
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_path(path: str | os.PathLike) -> None:
+    """fsync a file or a directory; best effort for directories."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

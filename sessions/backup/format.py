@@ -18,6 +18,8 @@ bundle; a crashed backup leaves only a ``.partial-*`` directory.
 
 from __future__ import annotations
 
+from sandboxes.checkpoints import fsync_path  # noqa: F401  (re-exported to the backup modules)
+
 import hashlib
 import json
 import os
@@ -59,18 +61,6 @@ def sha256_file(path: str | os.PathLike) -> tuple[str, int]:
     return h.hexdigest(), n
 
 
-def fsync_path(path: str | os.PathLike) -> None:
-    """fsync a file or a directory; best effort for directories."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def safe_relpath(rel: str) -> str:

@@ -175,7 +175,7 @@ class World:
     def agents(self) -> list[dict]:
         out, after = [], ""
         while True:
-            page = self.get(f"/api/agents?limit=1000" + (f"&after={after}" if after else ""))
+            page = self.get("/api/agents?limit=1000" + (f"&after={after}" if after else ""))
             out.extend(page["agents"])
             if not page.get("has_more"):
                 return out

@@ -11,19 +11,12 @@ removed: its process group killed, its directory deleted) runs too.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from tests.faults import invariants
 from tests.faults.harness import World, cleanup_sandboxes, fault_cases, make_server, remove_sandbox
 
-LADDER = Path(__file__).resolve().parents[2] / "sandboxes" / "ladder.py"
-needs_ladder = pytest.mark.xfail(not LADDER.exists(), reason="restore ladder not landed",
-                                 strict=False)
-
-
-@needs_ladder
 @pytest.mark.parametrize("kind", ["docker", "local"])
 @pytest.mark.parametrize("checkpoint", [True, False], ids=["restore", "rebuild"])
 def test_sandbox_removed(kind, checkpoint, fault_row):

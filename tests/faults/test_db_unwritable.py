@@ -36,7 +36,7 @@ import pytest
 
 from tests.faults import invariants
 from tests.faults.harness import (
-    WAIT, World, cannot_run, cleanup_sandboxes, ensure_root, excerpt, make_server,
+    World, cannot_run, cleanup_sandboxes, ensure_root, excerpt, make_server,
     wait_running_step,
 )
 from tests.live import _parent_dir

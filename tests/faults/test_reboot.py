@@ -29,7 +29,6 @@ import time
 import uuid
 from pathlib import Path
 
-import pytest
 
 from tests.faults import invariants
 from tests.faults.harness import (

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.integration.worlds import World, _cleanup_sandboxes, _server
 from tests.live import LiveServer
 
 
@@ -87,3 +88,17 @@ def _kill_local_bridges_under(roots: list[str]) -> None:
                 os.killpg(os.getpgid(int(proc.name)), signal.SIGKILL)
         except (OSError, ValueError):
             continue
+
+
+@pytest.fixture(scope="module", params=["local", "docker"])
+def world(request):
+    kind = request.param
+    server = _server(kind)
+    server.start()
+    try:
+        actor = server.create_actor("olivia")
+        yield World(server, actor, kind)
+    finally:
+        server.stop()
+        _cleanup_sandboxes(server, kind)
+        server.__exit__(None, None, None)

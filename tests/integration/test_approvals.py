@@ -2,7 +2,7 @@
 agent from getting a sandbox (and the secret) until an operator approves it
 through the API, and a sandbox that disappears asks again instead of ending
 lost. A live server drives the agent on both backends (the World of
-test_worker.py; docker is skipped loudly without an engine)."""
+tests/integration/worlds.py; docker is skipped loudly without an engine)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,10 @@ import uuid
 
 import httpx
 
-from tests.integration import test_worker
 from tests.integration.test_credentials import _nowhere_but_the_credential_table, _set_secret
 from tests.integration.test_ladder import remove_sandbox, settled_once
-from tests.integration.test_worker import _count, _of
+from tests.integration.worlds import _count, _of
 
-world = test_worker.world
 
 HOLD = {"model": "demo", "credentials": [{"name": "tok", "env": "TOK", "approval": "hold"}]}
 

@@ -8,7 +8,7 @@ newest checkpoint), and the agent answers a prompt and finds the files it
 wrote before the loss.
 
 Both backends (the docker half is skipped loudly without an engine, as in
-test_worker.py). The docker half also "wipes" the images (their tags; a
+tests/integration/worlds.py). The docker half also "wipes" the images (their tags; a
 keep-tag holds the layers, since other suites share the engine), and the
 restore must load them back.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_ladder import assert_sound, restored, settled_once
-from tests.integration.test_worker import (
+from tests.integration.worlds import (
     LABEL,
     World,
     _cleanup_sandboxes,

@@ -15,7 +15,7 @@ import uuid
 
 import httpx
 
-from tests.integration.test_worker import _of, assert_sound, world  # noqa: F401  (fixture)
+from tests.integration.worlds import _of, assert_sound
 from tests.unit.bridge.fake_models import SSE, FakeModelServer, openai_events
 
 

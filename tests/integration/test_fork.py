@@ -4,7 +4,7 @@ source goes on untouched."""
 
 from __future__ import annotations
 
-from tests.integration.test_worker import _of, world  # noqa: F401  (fixture)
+from tests.integration.worlds import _of
 
 
 def _bash_output(events, turn):

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from sandboxes.backends.base import SandboxStatus
-from tests.integration.test_worker import (
+from tests.integration.worlds import (
     LABEL, WAIT, World, _cleanup_sandboxes, _ensure_docker, _of, assert_sound)
 from tests.live import LiveServer
 

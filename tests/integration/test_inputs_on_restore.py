@@ -5,7 +5,7 @@ written again into the fresh sandbox the restore ladder builds: docker at
 from __future__ import annotations
 
 from tests.integration.test_memory_survives import _remove_sandbox
-from tests.integration.test_worker import _of, world  # noqa: F401  (fixture)
+from tests.integration.worlds import _of
 
 
 def test_inputs_are_written_again_into_a_restored_sandbox(world):

@@ -1,5 +1,5 @@
 """The restore ladder, for real (sandboxes/ladder.py): a live server drives
-agents on BOTH backends (the World of test_worker.py); the faults are injected
+agents on BOTH backends (the `world` fixture of tests/integration/conftest.py); the faults are injected
 from outside — the sandbox removed (`docker rm -f` / the local sandbox
 removed), the bridge process killed inside a live sandbox, the server killed
 with SIGKILL — and the transcript must show the rung taken, settle every turn
@@ -14,11 +14,8 @@ import signal
 
 import pytest
 
-from tests.integration import test_worker
-from tests.integration.test_worker import DEMO, World, _count, _of
+from tests.integration.worlds import DEMO, World, _count, _of
 
-#: The live server per backend (both parametrised) of test_worker.py, reused.
-world = test_worker.world
 
 CHECKPOINTED = {"model": "demo", "checkpoint": True}
 SEGMENT_BREAKS = ("agent.restored", "bridge.cursor_reset", "bridge.session_changed")

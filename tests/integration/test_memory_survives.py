@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from tests.integration.test_worker import _of, world  # noqa: F401  (fixture)
+from tests.integration.worlds import _of
 from tests.unit.bridge.fake_models import SSE, FakeModelServer, openai_events
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.integration.test_worker import LABEL, WAIT, _cleanup_sandboxes, _of
+from tests.integration.worlds import LABEL, WAIT, _cleanup_sandboxes, _of
 from tests.live import LiveServer
 
 

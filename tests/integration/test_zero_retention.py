@@ -3,7 +3,7 @@ row is ever written, the listing is empty and there is nothing to fork from."""
 
 from __future__ import annotations
 
-from tests.integration.test_worker import _of, world  # noqa: F401  (fixture)
+from tests.integration.worlds import _of
 
 
 def test_zero_retention_writes_no_checkpoint(world):

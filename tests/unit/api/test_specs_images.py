@@ -140,12 +140,8 @@ def test_post_accepts_a_provider_model_with_its_binding(api, workspace):
 
 @pytest.mark.django_db
 def test_post_refuses_a_missing_image_when_spawn_checks_availability(api, monkeypatch):
-    """POST /api/agents runs validate_for_spawn when the spawn command calls it
-    (sessions.commands); a missing image is then a 400 naming `image`."""
-    from sessions import commands
-
-    if "validate_for_spawn" not in open(commands.__file__).read():
-        pytest.skip("sessions.commands.spawn does not call specs.validate_for_spawn yet")
+    """POST /api/agents runs validate_for_spawn (sessions.commands): a missing
+    image is a 400 naming `image`."""
     monkeypatch.setattr("sandboxes.backends.base.get_backend", lambda name=None: FakeBackend())
     body = assert_error(api.post("/api/agents", {"spec": {"image": "nope:1"}}), 400, "spec.invalid")
     assert body["field"] == "image"

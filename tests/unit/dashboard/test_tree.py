@@ -1,6 +1,5 @@
 import pytest
 
-from sessions.models import Agent
 
 pytestmark = pytest.mark.django_db
 

@@ -1,0 +1,143 @@
+"""The live "world" the integration suites share: a real server (manage.py
+serve) on one sandbox backend, an actor with a token, and helpers that drive
+agents through the JSON API only. The `world` fixture (tests/integration/
+conftest.py) runs each module that asks for it on BOTH backends.
+
+Docker needs an engine: under CI a missing engine FAILS, elsewhere the docker
+half is skipped loudly. Every sandbox a server creates is labelled
+alineo.test=<run id> and removed at the end, containers and local process
+groups alike.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import httpx
+import pytest
+
+from sandboxes.backends.base import docker_engine_answers
+from tests.live import LiveServer
+
+RUN_ID = uuid.uuid4().hex[:10]
+LABEL = f"alineo.test={RUN_ID}"
+WAIT = 90.0  # an upper bound for anything awaited; never an assertion on speed
+DEMO = {"model": "demo"}
+
+
+def _no_docker(reason: str):
+    if os.environ.get("CI"):
+        pytest.fail(f"CI is set but {reason}: CI must exercise the docker backend "
+                    "(.ci/docker-up starts an engine)", pytrace=False)
+    pytest.skip(f"!!! DOCKER BACKEND NOT TESTED: {reason}. As root, run .ci/docker-up "
+                "to install and start an engine !!!")
+
+
+def _ensure_docker():
+    if not docker_engine_answers():
+        _no_docker("no Docker engine answers")
+    from sandboxes import images
+
+    try:
+        images.ensure_base_image()
+    except Exception as exc:  # noqa: BLE001
+        _no_docker(f"the base image cannot be built ({exc})")
+
+
+def _cleanup_sandboxes(server: LiveServer, kind: str) -> None:
+    if kind == "docker":
+        if not docker_engine_answers():
+            return
+        import docker
+
+        client = docker.from_env()
+        try:
+            for c in client.api.containers(all=True, filters={"label": LABEL}):
+                client.api.remove_container(c["Id"], force=True, v=True)
+        finally:
+            client.close()
+    else:
+        from sandboxes.backends.local import LocalBackend
+
+        backend = LocalBackend(root=server.data_dir / "sandboxes")
+        for handle in backend.list():
+            backend.remove(handle.id)
+
+
+def _server(kind: str) -> LiveServer:
+    if kind == "docker":
+        _ensure_docker()
+    return LiveServer(env={"ALINEO_SANDBOX": kind, "ALINEO_SANDBOX_LABELS": LABEL})
+
+
+class World:
+    def __init__(self, server: LiveServer, actor, kind: str):
+        self.server, self.actor, self.kind = server, actor, kind
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def post(self, path: str, body: dict) -> httpx.Response:
+        return httpx.post(f"{self.url}{path}", json=body, headers=self.actor.auth, timeout=30)
+
+    def get(self, path: str) -> dict:
+        r = httpx.get(f"{self.url}{path}", headers=self.actor.auth, timeout=30)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def spawn(self, spec: dict, prompt: str | None = None) -> str:
+        body = {"spec": spec, **({"prompt": prompt} if prompt is not None else {})}
+        r = self.post("/api/agents", body)
+        assert r.status_code == 201, r.text
+        return r.json()["id"]
+
+    def send(self, agent_id: str, verb: str, text: str | None = None) -> dict:
+        r = self.post(f"/api/agents/{agent_id}/{verb}", {"text": text} if text is not None else {})
+        assert r.status_code == 202, r.text
+        return r.json()
+
+    def events(self, agent_id: str) -> list[dict]:
+        out, after = [], 0
+        while True:
+            page = self.get(f"/api/agents/{agent_id}/events?after={after}&limit=500")["events"]
+            out.extend(page)
+            if len(page) < 500:
+                return out
+            after = page[-1]["seq"]
+
+    def wait_for(self, agent_id: str, predicate, what: str, timeout: float = WAIT) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while True:
+            events = self.events(agent_id)
+            if predicate(events):
+                return events
+            if time.monotonic() > deadline:
+                types = [e["type"] for e in events]
+                raise AssertionError(f"timed out waiting for {what}; transcript: {types}\n"
+                                     f"server log:\n{self.server.log()[-4000:]}")
+            time.sleep(0.2)
+
+    def wait_turns(self, agent_id: str, n: int, timeout: float = WAIT) -> list[dict]:
+        return self.wait_for(agent_id, lambda evs: _count(evs, "turn.finished") >= n,
+                             f"{n} finished turn(s)", timeout)
+
+
+def _count(events, etype: str) -> int:
+    return sum(1 for e in events if e["type"] == etype)
+
+
+def _of(events, etype: str) -> list[dict]:
+    return [e for e in events if e["type"] == etype]
+
+
+def assert_sound(events: list[dict]) -> None:
+    """seq 1, 2, 3 … with no gap and no repeat; each bridge event (bseq) once."""
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    bseqs = [e["data"]["bseq"] for e in events if "bseq" in e["data"]]
+    assert len(bseqs) == len(set(bseqs)), f"a bridge event was journaled twice: {bseqs}"
+    assert bseqs == sorted(bseqs)
+
+
