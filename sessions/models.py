@@ -99,6 +99,9 @@ class Agent(models.Model):
     status = models.CharField(max_length=16, choices=AgentStatus.choices, default=AgentStatus.STARTING)
     status_reason = models.TextField(blank=True)
     sandbox_id = models.CharField(max_length=128, blank=True)
+    # Which sandbox engine holds sandbox_id (the Docker engine's DOCKER_HOST, or
+    # "local:<host name>"), so a worker on another machine can reach it.
+    sandbox_host = models.CharField(max_length=255, blank=True)
     # The head of the transcript. The journal bumps it in the same transaction
     # as the rows it appends; on PostgreSQL that row lock is the per-agent lock
     # that keeps commit order equal to seq order.
@@ -151,6 +154,9 @@ class CommandVerb(models.TextChoices):
     STOP = "stop"
     FORK = "fork"
     APPROVE = "approve"
+    REATTACH = "reattach"  # the client's reattach: the bridge must answer within 5 s
+    REBRIDGE = "rebridge"  # the client's resume: restart the bridge on its session
+    CHECKPOINT = "checkpoint"  # take a turn checkpoint now
 
 
 class CommandState(models.TextChoices):
@@ -173,6 +179,9 @@ class Command(models.Model):
     response_body = models.JSONField(default=dict)
     state = models.CharField(max_length=16, choices=CommandState.choices, default=CommandState.PENDING)
     seq = models.BigIntegerField(null=True, blank=True, help_text="The transcript fact that records it.")
+    # What acting on it produced, for verbs whose caller waits for an outcome
+    # (reattach, rebridge, checkpoint): e.g. {"sandbox_id": …} or {"code", "message"}.
+    result = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     acted_at = models.DateTimeField(null=True, blank=True)
 
@@ -270,3 +279,21 @@ class RetentionSweep(models.Model):
 
     class Meta:
         ordering = ["-started_at"]
+
+
+class AgentLease(models.Model):
+    """Which worker drives an agent. Exactly one at a time: a worker drives an
+    agent only while its row names it and has not expired; it renews the row
+    (heartbeat) well inside the timeout. A worker that dies stops renewing, the
+    row expires, and another worker takes the agent over through the ladder.
+    ``epoch`` grows on every change of holder (a fencing token): the relay's
+    writes check it, so a worker that lost its lease cannot journal any more."""
+
+    agent = models.OneToOneField(Agent, primary_key=True, on_delete=models.CASCADE, related_name="lease")
+    holder = models.CharField(max_length=200)
+    epoch = models.BigIntegerField(default=1)
+    acquired_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.agent_id} → {self.holder} (epoch {self.epoch})"
