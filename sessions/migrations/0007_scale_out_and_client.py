@@ -3,6 +3,34 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
+# As in 0003: SQLite adds the agent's NOT NULL column in place (a table remake
+# would trip the transcript's append-only triggers, which name the agent table).
+SQLITE_ADD = "ALTER TABLE agent_sessions_agent ADD COLUMN sandbox_host varchar(255) NOT NULL DEFAULT ''"
+SQLITE_DROP = "ALTER TABLE agent_sessions_agent DROP COLUMN sandbox_host"
+
+
+def _field(model):
+    field = models.CharField(blank=True, max_length=255)
+    field.set_attributes_from_name("sandbox_host")
+    field.model = model
+    return field
+
+
+def _add(apps, schema_editor):
+    if schema_editor.connection.vendor == "sqlite":
+        schema_editor.execute(SQLITE_ADD)
+        return
+    model = apps.get_model("agent_sessions", "Agent")
+    schema_editor.add_field(model, _field(model))
+
+
+def _drop(apps, schema_editor):
+    if schema_editor.connection.vendor == "sqlite":
+        schema_editor.execute(SQLITE_DROP)
+        return
+    model = apps.get_model("agent_sessions", "Agent")
+    schema_editor.remove_field(model, _field(model))
+
 
 class Migration(migrations.Migration):
 
@@ -21,10 +49,15 @@ class Migration(migrations.Migration):
                 ('expires_at', models.DateTimeField()),
             ],
         ),
-        migrations.AddField(
-            model_name='agent',
-            name='sandbox_host',
-            field=models.CharField(blank=True, max_length=255),
+        migrations.SeparateDatabaseAndState(
+            state_operations=[
+                migrations.AddField(
+                    model_name='agent',
+                    name='sandbox_host',
+                    field=models.CharField(blank=True, max_length=255),
+                ),
+            ],
+            database_operations=[migrations.RunPython(_add, _drop)],
         ),
         migrations.AddField(
             model_name='command',
