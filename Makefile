@@ -14,12 +14,15 @@ STAMP  := $(VENV)/.alineo-installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 PYTEST_ARGS ?=
+# The PostgreSQL + Redis pass of `make test` (the scale-out shape) runs these.
+PG_PYTEST_ARGS ?= tests/unit tests/scaleout
 
 .PHONY: help setup run test migrate bench clean
 
 help:
 	@echo "make run      set up, migrate, ensure the admin user, serve on http://$(HOST):$(PORT)/"
-	@echo "make test     set up and run the whole test suite (isolated ALINEO_DATA_DIR)"
+	@echo "make test     set up and run the whole test suite (isolated ALINEO_DATA_DIR) on SQLite,"
+	@echo "              then tests/unit + tests/scaleout on PostgreSQL + Redis (as root, or ALINEO_TEST_PG=1)"
 	@echo "make migrate  apply database migrations (to ALINEO_DATA_DIR, default ./var)"
 	@echo "make bench    run bench/run if present"
 	@echo "make clean    remove the virtualenv and caches (keeps ./var, your data)"
@@ -48,21 +51,68 @@ run: migrate
 	fi
 	exec $(PY) manage.py serve --host $(HOST) --port $(PORT)
 
-# Tests get a throwaway data dir, so they never touch ./var. pytest's exit
-# status is the recipe's: the EXIT trap does not change it.
+# Tests get a throwaway data dir, so they never touch ./var.
 # As root (CI, a fresh machine) the Docker engine is installed and started first
 # (.ci/docker-up: docker.io + mmdebstrap, dockerd without a bridge network), so
 # the docker backend is exercised for real; then the base image is built once.
 # Debian's chromium is installed too when missing (.ci/browser-up), for tests/browser.
+#
+# Two passes; `make test` fails when either fails:
+#   1. the whole suite ($(PYTEST_ARGS)) on SQLite and the in-memory channel layer
+#      (DATABASE_URL/REDIS_URL from your shell are ignored here);
+#   2. $(PG_PYTEST_ARGS) on PostgreSQL + Redis (DATABASE_URL, REDIS_URL). The
+#      services come from ALINEO_TEST_DATABASE_URL + ALINEO_TEST_REDIS_URL when
+#      both are set, else, as root, from .ci/services-up (Debian's postgresql and
+#      redis-server on 127.0.0.1, stopped again afterwards if this run started them).
+#      ALINEO_TEST_PG=1 requires the pass, =0 skips it; by default it runs when
+#      it can and is skipped LOUDLY when it cannot — except under CI=true, where
+#      a missing PostgreSQL/Redis fails `make test`.
+#   tests/integration, faults and browser start their servers with the embedded
+#   defaults (tests/live.py), so pass 2 would only repeat them on SQLite.
 test: setup
 	if [ "$$(id -u)" = 0 ] && [ "$${ALINEO_SANDBOX:-auto}" != local ]; then bash .ci/docker-up; fi
 	if [ "$$(id -u)" = 0 ] && [ ! -x /usr/bin/chromium ]; then bash .ci/browser-up; fi
 	if command -v docker >/dev/null && docker info >/dev/null 2>&1; then \
 	  ALINEO_DATA_DIR=$$(mktemp -d) $(PY) manage.py build_base_image; \
 	fi
-	data_dir=$$(mktemp -d "$${TMPDIR:-/tmp}/alineo-test.XXXXXX"); \
-	trap 'rm -rf "$$data_dir"' EXIT; \
-	ALINEO_DATA_DIR="$$data_dir" $(PY) -m pytest $(PYTEST_ARGS)
+	@data_dir=$$(mktemp -d "$${TMPDIR:-/tmp}/alineo-test.XXXXXX"); \
+	services_started=""; \
+	trap 'if [ -n "$$services_started" ]; then bash .ci/services-down $$services_started || true; fi; rm -rf "$$data_dir"' EXIT; \
+	case "$${CI:-}" in 1|true|TRUE|True|yes) ci=1 ;; *) ci="" ;; esac; \
+	want_pg=$${ALINEO_TEST_PG:-auto}; \
+	loud() { printf '\n%s\n%s\n%s\n\n' "=================================================================" "$$*" "=================================================================" >&2; }; \
+	echo "== make test, pass 1/2: SQLite + in-memory channel layer: pytest $(PYTEST_ARGS)"; \
+	sqlite_status=0; \
+	mkdir -p "$$data_dir/sqlite"; \
+	env -u DATABASE_URL -u REDIS_URL ALINEO_TEST_PASS=sqlite ALINEO_DATA_DIR="$$data_dir/sqlite" $(PY) -m pytest $(PYTEST_ARGS) || sqlite_status=$$?; \
+	pg_status=skipped; db_url=""; redis_url=""; \
+	if [ "$$want_pg" = 0 ]; then \
+	  loud "make test: the PostgreSQL + Redis pass is SKIPPED (ALINEO_TEST_PG=0)"; \
+	elif [ -n "$${ALINEO_TEST_DATABASE_URL:-}" ] && [ -n "$${ALINEO_TEST_REDIS_URL:-}" ]; then \
+	  db_url=$$ALINEO_TEST_DATABASE_URL; redis_url=$$ALINEO_TEST_REDIS_URL; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  if bash .ci/services-up >"$$data_dir/services.env"; then \
+	    db_url=$$(sed -n 's/^DATABASE_URL=//p' "$$data_dir/services.env"); \
+	    redis_url=$$(sed -n 's/^REDIS_URL=//p' "$$data_dir/services.env"); \
+	    services_started=$$(sed -n 's/^ALINEO_SERVICES_STARTED="\(.*\)"$$/\1/p' "$$data_dir/services.env"); \
+	  else \
+	    pg_status=1; loud "make test: .ci/services-up FAILED: no PostgreSQL + Redis pass (see above)"; \
+	  fi; \
+	elif [ -n "$$ci" ] || [ "$$want_pg" = 1 ]; then \
+	  pg_status=1; \
+	  loud "make test: the PostgreSQL + Redis pass cannot run: not root (for .ci/services-up) and ALINEO_TEST_DATABASE_URL / ALINEO_TEST_REDIS_URL are not set. It is required (CI=true or ALINEO_TEST_PG=1): FAILING."; \
+	else \
+	  loud "make test: the PostgreSQL + Redis pass is SKIPPED: not root (for .ci/services-up) and ALINEO_TEST_DATABASE_URL / ALINEO_TEST_REDIS_URL are not set. CI runs it."; \
+	fi; \
+	if [ -n "$$db_url" ]; then \
+	  echo "== make test, pass 2/2: PostgreSQL + Redis: pytest $(PG_PYTEST_ARGS)"; \
+	  mkdir -p "$$data_dir/pg"; pg_status=0; \
+	  DATABASE_URL="$$db_url" REDIS_URL="$$redis_url" ALINEO_TEST_PASS=postgresql ALINEO_DATA_DIR="$$data_dir/pg" \
+	    $(PY) -m pytest $(PG_PYTEST_ARGS) || pg_status=$$?; \
+	fi; \
+	echo "== make test: SQLite pass: $$( [ $$sqlite_status = 0 ] && echo passed || echo "FAILED ($$sqlite_status)" ); PostgreSQL + Redis pass: $$( case $$pg_status in 0) echo passed ;; skipped) echo SKIPPED ;; *) echo "FAILED ($$pg_status)" ;; esac )"; \
+	if [ "$$sqlite_status" != 0 ]; then exit "$$sqlite_status"; fi; \
+	if [ "$$pg_status" != 0 ] && [ "$$pg_status" != skipped ]; then exit "$$pg_status"; fi
 
 # Benchmarks also get a throwaway data dir unless ALINEO_DATA_DIR is set.
 # bench/run may be executable (any language), a shell script (#!…sh) or Python.

@@ -58,3 +58,27 @@ def snapshot_interval_check(app_configs, **kwargs):
     if settings.ALINEO_SNAPSHOT_EVERY < 1:
         return [Error("ALINEO_SNAPSHOT_EVERY must be at least 1.", id="alineo.E003")]
     return []
+
+
+@register()
+def scale_out_check(app_configs, **kwargs):
+    """PostgreSQL means several processes; without Redis their wake-ups and
+    commands stay inside each process (streams and workers wait for polls)."""
+    out = []
+    engine = settings.DATABASES["default"]["ENGINE"]
+    layer = settings.CHANNEL_LAYERS["default"]["BACKEND"]
+    if engine.endswith("postgresql") and layer.endswith("InMemoryChannelLayer"):
+        out.append(Warning(
+            "DATABASE_URL is PostgreSQL but REDIS_URL is not set.",
+            hint="Web and worker processes reach each other only through Redis: set REDIS_URL "
+            "(docs/DEPLOYMENT.md), or run one `manage.py serve` process only.",
+            id="alineo.W003",
+        ))
+    if settings.ALINEO_LEASE_S < 5:
+        out.append(Error(
+            "ALINEO_LEASE_S is %s; it must be at least 5 seconds." % settings.ALINEO_LEASE_S,
+            hint="Workers renew every quarter of it; a shorter lease expires under an ordinary "
+            "pause (a slow query, a busy machine) and agents would change hands for nothing.",
+            id="alineo.E004",
+        ))
+    return out

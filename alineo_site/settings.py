@@ -66,10 +66,11 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # Before channels: its `runworker` command replaces channels' own.
+    "sandboxes.apps.SandboxesConfig",
     "channels",
     "django_htmx",
     "sessions.apps.AgentSessionsConfig",
-    "sandboxes.apps.SandboxesConfig",
 ]
 
 MIDDLEWARE = [
@@ -141,11 +142,15 @@ if REDIS_URL:
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             # redis-py's async pool defaults to 100 connections: 200 streams
             # gave 101 MaxConnectionsError. Raise it well above the stream count.
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "max_connections": 1000}]},
+            # redis-py 8 reads with a 5 s socket timeout by default, which
+            # cuts channels_redis's 5 s blocking pops ("Timeout reading"):
+            # give reads room above the pop's own timeout.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "max_connections": 1000,
+                                  "socket_timeout": 30}]},
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "alineo_site.layers.InMemoryChannelLayer"}}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -192,6 +197,9 @@ ALINEO_SWEEP_S = envfloat("ALINEO_SWEEP_S", 300.0)
 # An agent with no activity for this long has its sandbox stopped (its state is
 # on disk and in the transcript); a prompt brings it back. 0 turns it off.
 ALINEO_IDLE_UNLOAD_S = envfloat("ALINEO_IDLE_UNLOAD_S", 1800.0)
+# A worker's lease on an agent lasts this long unless renewed (every quarter of
+# it); a dead worker's agents are taken over by another worker after it.
+ALINEO_LEASE_S = envfloat("ALINEO_LEASE_S", 20.0)
 # Scheduled backups (off unless ALINEO_BACKUP_DIR is set): a bundle when the
 # newest one there is older than ALINEO_BACKUP_EVERY_S, keeping the newest K.
 ALINEO_BACKUP_DIR = envstr("ALINEO_BACKUP_DIR", "")

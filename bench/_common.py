@@ -25,19 +25,43 @@ if str(REPO) not in sys.path:
 PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
 
 
-def make_data_dir(prefix: str) -> Path:
+# $ALINEO_DATA_DIR as the bench was started with: setup_django() points the
+# variable at the bench's own temp dir afterwards.
+PARENT_DATA_DIR = os.environ.get("ALINEO_DATA_DIR") or None
+
+
+# What a live server adds below its data dir to reach a bridge socket
+# (tests/live.py's live/srv-XXXXXXXX, then run/<agent id>/bridge.sock).
+SOCKET_TAIL = len("/live/srv-xxxxxxxx/run/ag_0123456789abcdef/bridge.sock")
+AF_UNIX_MAX = 107
+
+
+def make_data_dir(prefix: str, sockets: bool = False) -> Path:
     """A fresh temp data dir: under $ALINEO_DATA_DIR when set (make bench sets a
-    throwaway one), else under the system temp dir. Never the real ./var."""
-    parent = os.environ.get("ALINEO_DATA_DIR") or None
+    throwaway one), else under the system temp dir. Never the real ./var.
+
+    sockets=True: a live server will put bridge sockets below it, so if that
+    parent would make their paths longer than AF_UNIX allows, a short dir
+    under /tmp is used instead (and said so on stderr)."""
+    parent = PARENT_DATA_DIR
     if parent:
         Path(parent).mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"alineo-bench-{prefix}-", dir=parent))
+    path = Path(tempfile.mkdtemp(prefix=f"alineo-bench-{prefix}-", dir=parent))
+    if sockets and len(str(path)) + SOCKET_TAIL > AF_UNIX_MAX:
+        path.rmdir()
+        path = Path(tempfile.mkdtemp(prefix=f"ab-{prefix[:4]}-", dir="/tmp"))
+        sys.stderr.write(f"bench: {parent} is too long a parent for bridge sockets; using {path}\n")
+    return path
 
 
-def setup_django(data_dir: Path) -> None:
-    """Point Django at a temp SQLite file, set it up and migrate it (quietly)."""
+def setup_django(data_dir: Path, database_url: str | None = None) -> None:
+    """Point Django at a temp SQLite file (or at `database_url`, a scratch
+    PostgreSQL database from bench/_pg.py), set it up and migrate it (quietly)."""
     os.environ["ALINEO_DATA_DIR"] = str(data_dir)
-    os.environ.pop("DATABASE_URL", None)
+    if database_url:
+        os.environ["DATABASE_URL"] = database_url
+    else:
+        os.environ.pop("DATABASE_URL", None)
     os.environ.pop("REDIS_URL", None)
     os.environ.pop("ALINEO_DB_PATH", None)
     os.environ["DJANGO_SETTINGS_MODULE"] = "alineo_site.settings"
@@ -135,7 +159,7 @@ def fmt_num(v) -> str:
 
 
 def print_table(rows, out=sys.stdout) -> None:
-    head = ["bench", "measured", "baseline", "ratio", "target", "result"]
+    head = ["row", "measured", "baseline", "ratio", "target", "result"]
     body = []
     for r in rows:
         unit = f" {r['unit']}" if r.get("unit") else ""
@@ -147,7 +171,8 @@ def print_table(rows, out=sys.stdout) -> None:
                 fmt_num(r["baseline"]) + (unit if isinstance(r["baseline"], (int, float)) else ""),
                 "-" if ratio is None else (ratio if isinstance(ratio, str) else f"{ratio:.2f}x"),
                 r["target"],
-                "pass" if r["ok"] is True else ("FAIL" if r["ok"] is False else str(r["ok"])),
+                "pass" if r["ok"] is True else ("FAIL" if r["ok"] is False else
+                                                ("skipped" if r["measured"] == "skipped" else str(r["ok"]))),
             ]
         )
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
@@ -166,6 +191,7 @@ def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--json", help="also write the result rows to this file (bench/run uses it)")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run, numbers are noisier)")
+    p.add_argument("--pg-child", metavar="URL", help=argparse.SUPPRESS)  # bench/_pg.py: the PostgreSQL half
     return p
 
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env python
-"""Append throughput: the journal (group commit, synchronous=FULL) against raw
-sqlite3 executemany of the same rows into the same table at the same PRAGMAs.
+"""Append throughput: the journal (group commit, durable commits) against the
+raw driver's executemany of the same rows into the same table, on SQLite
+(sqlite3, WAL + synchronous=FULL) and on PostgreSQL (psycopg, fsync and
+synchronous_commit on).
 
 Cases, each repeated and interleaved with its baseline (medians of rows/s):
 
@@ -9,15 +11,19 @@ Cases, each repeated and interleaved with its baseline (medians of rows/s):
    Baseline: raw executemany of the same rows in exactly the batch sizes the
    committer formed in that run (same rows, same transactions). Target >= 0.5x.
    For reference: raw executemany of 8 rows per transaction (a perfect group
-   commit of the 8 writers with nothing else to do), and raw sqlite3 with the
-   same 8 threads committing one row per transaction (no group commit).
+   commit of the 8 writers with nothing else to do), and the raw driver with
+   the same 8 threads committing one row per transaction (no group commit).
 2. append_many(100): one thread, batches of 100 facts.
    Baseline: raw executemany of 100 rows per transaction, alternating with
    the journal every 5 transactions (both see the same disk). Target >= 0.5x.
 
 Both sides write the same table (agent_sessions_event, with its unique index,
-foreign key and append-only triggers) in the same database file, WAL +
-synchronous=FULL, BEGIN IMMEDIATE. The raw side writes to agents of its own.
+foreign key and append-only triggers) in the same database. The raw side
+writes to agents of its own. SQLite: BEGIN IMMEDIATE, the same file.
+PostgreSQL: a scratch database on the server bench/_pg.py provides (the one
+bench/run started, ALINEO_BENCH_DATABASE_URL / DATABASE_URL, or a throwaway
+cluster); its half runs in a child process, because Django's settings read
+DATABASE_URL at import. Without PostgreSQL its rows print as skipped.
 """
 
 from __future__ import annotations
@@ -37,24 +43,76 @@ AGENTS = 4
 TARGET = 0.5
 
 
-def raw_connect(path: str) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None, timeout=20, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
-    conn.execute("PRAGMA foreign_keys=ON")  # Django turns it on for its connections too
-    return conn
+class SqliteRaw:
+    """sqlite3 at the journal's PRAGMAs: WAL, synchronous=FULL, BEGIN IMMEDIATE."""
+
+    name = "SQLite"
+    INSERT = "INSERT INTO agent_sessions_event (agent_id, seq, type, data, ts) VALUES (?, ?, ?, ?, ?)"
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def connect(self):
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=20, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA foreign_keys=ON")  # Django turns it on for its connections too
+        return conn
+
+    def begin(self, conn):
+        conn.execute("BEGIN IMMEDIATE")
+
+    def write(self, conn, rows):
+        conn.executemany(self.INSERT, rows)
+
+    def commit(self, conn):
+        conn.execute("COMMIT")
+
+    @staticmethod
+    def ts():
+        return datetime.now(timezone.utc).replace(tzinfo=None).isoformat(sep=" ")
+
+
+class PgRaw:
+    """psycopg 3 straight (what Django's backend wraps): executemany of the
+    same INSERT the journal issues (data cast to jsonb), one transaction."""
+
+    name = "PostgreSQL"
+    INSERT = "INSERT INTO agent_sessions_event (agent_id, seq, type, data, ts) VALUES (%s, %s, %s, %s::jsonb, %s)"
+
+    def __init__(self, url: str):
+        self.url = url
+
+    def connect(self):
+        import psycopg
+
+        return psycopg.connect(self.url)
+
+    def begin(self, conn):
+        pass  # psycopg opens the transaction with the first statement
+
+    def write(self, conn, rows):
+        with conn.cursor() as cur:
+            cur.executemany(self.INSERT, rows)
+
+    def commit(self, conn):
+        conn.commit()
+
+    @staticmethod
+    def ts():
+        return datetime.now(timezone.utc)
 
 
 class RawWriter:
     """Rows exactly as the journal writes them, without the journal."""
 
-    def __init__(self, path: str, agent_id: str):
-        self.path = path
+    def __init__(self, db, agent_id: str):
+        self.db = db
         self.agent_id = agent_id
         self.seq = 0
 
     def rows(self, n: int):
-        ts = datetime.now(timezone.utc).replace(tzinfo=None).isoformat(sep=" ")
+        ts = self.db.ts()
         out = []
         for etype, data in C.facts(self.seq, n):
             self.seq += 1
@@ -62,27 +120,24 @@ class RawWriter:
         return out
 
 
-INSERT = "INSERT INTO agent_sessions_event (agent_id, seq, type, data, ts) VALUES (?, ?, ?, ?, ?)"
-
-
-def raw_batched(path: str, writer: RawWriter, total: int, batch: int | list[int]) -> float:
+def raw_batched(db, writer: RawWriter, total: int, batch: int | list[int]) -> float:
     """One thread, `batch` rows per transaction (or exactly these batch sizes). rows/s."""
-    conn = raw_connect(path)
+    conn = db.connect()
     sizes = batch if isinstance(batch, list) else [batch] * (total // batch)
     batches = [writer.rows(n) for n in sizes]
     t0 = C.now()
     for rows in batches:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.executemany(INSERT, rows)
-        conn.execute("COMMIT")
+        db.begin(conn)
+        db.write(conn, rows)
+        db.commit(conn)
     dt = C.now() - t0
     conn.close()
     return sum(sizes) / dt
 
 
-def raw_threads_singles(path: str, writers: list[RawWriter], per_thread: int) -> float:
+def raw_threads_singles(db, writers: list[RawWriter], per_thread: int) -> float:
     """THREADS threads, one row per transaction each (no group commit). rows/s."""
-    conns = [raw_connect(path) for _ in range(THREADS)]
+    conns = [db.connect() for _ in range(THREADS)]
     lock = threading.Lock()  # seq allocation for a shared agent, as an app would need
     barrier = threading.Barrier(THREADS + 1)
     errors: list[BaseException] = []
@@ -92,11 +147,11 @@ def raw_threads_singles(path: str, writers: list[RawWriter], per_thread: int) ->
         barrier.wait()
         try:
             for _ in range(per_thread):
-                conn.execute("BEGIN IMMEDIATE")
-                with lock:
+                db.begin(conn)
+                with lock:  # seq order = commit order, as the journal's agent row lock gives
                     rows = w.rows(1)
-                conn.executemany(INSERT, rows)
-                conn.execute("COMMIT")
+                    db.write(conn, rows)
+                db.commit(conn)
         except BaseException as exc:  # pragma: no cover - reported
             errors.append(exc)
 
@@ -160,7 +215,7 @@ def journal_threads_singles(agent_ids: list[str], per_thread: int, batch_sizes: 
     return THREADS * per_thread / dt
 
 
-def many_interleaved(agent_id: str, path: str, writer: RawWriter, total: int, batch: int, start: int,
+def many_interleaved(agent_id: str, db, writer: RawWriter, total: int, batch: int, start: int,
                      slice_batches: int = 5) -> tuple[float, float]:
     """append_many(batch) against raw executemany(batch), alternating every
     `slice_batches` transactions so both see the same disk. Returns (journal rows/s, raw rows/s)."""
@@ -169,7 +224,7 @@ def many_interleaved(agent_id: str, path: str, writer: RawWriter, total: int, ba
     from sessions import journal
 
     connection.ensure_connection()
-    conn = raw_connect(path)
+    conn = db.connect()
     n = total // batch
     j_batches = [C.facts(start + k * batch, batch) for k in range(n)]
     r_batches = [writer.rows(batch) for _ in range(n)]
@@ -180,9 +235,9 @@ def many_interleaved(agent_id: str, path: str, writer: RawWriter, total: int, ba
             journal.append_many(agent_id, b)
         t1 = C.now()
         for rows in r_batches[k:k + slice_batches]:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.executemany(INSERT, rows)
-            conn.execute("COMMIT")
+            db.begin(conn)
+            db.write(conn, rows)
+            db.commit(conn)
         t2 = C.now()
         tj += t1 - t0
         tr += t2 - t1
@@ -190,49 +245,60 @@ def many_interleaved(agent_id: str, path: str, writer: RawWriter, total: int, ba
     return n * batch / tj, n * batch / tr
 
 
-def main() -> int:
-    args = C.parser(__doc__.splitlines()[0]).parse_args()
+def measure(args, database_url: str | None) -> list[dict]:
+    """Every row for one database: SQLite in a temp file, or PostgreSQL at database_url."""
     reps = 3 if args.quick else 5
     per_thread = 150 if args.quick else 300
     many_total = 5000 if args.quick else 10000
 
     data_dir = C.make_data_dir("append")
     try:
-        C.setup_django(data_dir)
+        C.setup_django(data_dir, database_url)
         from django.conf import settings
         from django.db import connection
 
-        db_path = str(settings.DATABASES["default"]["NAME"])
-        with connection.cursor() as cur:  # the settings we compare at
-            cur.execute("PRAGMA journal_mode")
-            jm = cur.fetchone()[0]
-            cur.execute("PRAGMA synchronous")
-            sync = cur.fetchone()[0]
-        assert jm == "wal" and sync == 2, f"journal_mode={jm} synchronous={sync}: expected wal / 2 (FULL)"
+        if database_url:
+            db = PgRaw(database_url)
+            with connection.cursor() as cur:
+                cur.execute("SHOW synchronous_commit")
+                sync = cur.fetchone()[0]
+                cur.execute("SHOW fsync")
+                fsync = cur.fetchone()[0]
+            assert sync == "on" and fsync == "on", f"synchronous_commit={sync} fsync={fsync}: expected on / on"
+            label, durable = "PostgreSQL", "synchronous_commit=on"
+        else:
+            db = SqliteRaw(str(settings.DATABASES["default"]["NAME"]))
+            with connection.cursor() as cur:  # the settings we compare at
+                cur.execute("PRAGMA journal_mode")
+                jm = cur.fetchone()[0]
+                cur.execute("PRAGMA synchronous")
+                sync = cur.fetchone()[0]
+            assert jm == "wal" and sync == 2, f"journal_mode={jm} synchronous={sync}: expected wal / 2 (FULL)"
+            label, durable = "SQLite", "FULL"
 
         j_agents = C.make_agents(AGENTS)
         r_agents = C.make_agents(AGENTS)
         many_agent = C.make_agents(1)[0]
         raw_many_agent = C.make_agents(1)[0]
-        raw_writers = [RawWriter(db_path, a) for a in r_agents]
-        raw_many = RawWriter(db_path, raw_many_agent)
-        raw_b8 = RawWriter(db_path, C.make_agents(1)[0])
-        raw_same = RawWriter(db_path, C.make_agents(1)[0])
+        raw_writers = [RawWriter(db, a) for a in r_agents]
+        raw_many = RawWriter(db, raw_many_agent)
+        raw_b8 = RawWriter(db, C.make_agents(1)[0])
+        raw_same = RawWriter(db, C.make_agents(1)[0])
 
         j1, rs, r8, r1, all_sizes = [], [], [], [], []
         jm_, rm_ = [], []
         many_seq = 0
         # warm-up (page cache, first connection) — not measured
-        many_interleaved(many_agent, db_path, raw_many, 200, 100, many_seq)
+        many_interleaved(many_agent, db, raw_many, 200, 100, many_seq)
         many_seq += 200
         for _ in range(reps):
             batch_sizes: list[int] = []
             j1.append(journal_threads_singles(j_agents, per_thread, batch_sizes))
             all_sizes.extend(batch_sizes)
-            rs.append(raw_batched(db_path, raw_same, 0, batch_sizes))
-            r8.append(raw_batched(db_path, raw_b8, THREADS * per_thread, THREADS))
-            r1.append(raw_threads_singles(db_path, raw_writers, max(25, per_thread // 3)))  # info only: keep it short
-            jm, rm = many_interleaved(many_agent, db_path, raw_many, many_total, 100, many_seq)
+            rs.append(raw_batched(db, raw_same, 0, batch_sizes))
+            r8.append(raw_batched(db, raw_b8, THREADS * per_thread, THREADS))
+            r1.append(raw_threads_singles(db, raw_writers, max(25, per_thread // 3)))  # info only: keep it short
+            jm, rm = many_interleaved(many_agent, db, raw_many, many_total, 100, many_seq)
             many_seq += many_total
             jm_.append(jm)
             rm_.append(rm)
@@ -245,6 +311,7 @@ def main() -> int:
             head = Agent.objects.get(pk=a).last_seq
             n = Event.objects.filter(agent_id=a).count()
             assert head == n, f"{a}: head {head} != {n} rows"
+        connection.close()
 
         mean_batch = sum(all_sizes) / len(all_sizes)
         j1m, rsm, r8m, r1m, jmm, rmm = map(C.median, (j1, rs, r8, r1, jm_, rm_))
@@ -254,33 +321,46 @@ def main() -> int:
             return C.median([x / y for x, y in zip(a, b)])
 
         runs = lambda xs: ", ".join(f"{x:,.0f}" for x in xs)  # noqa: E731
-        rows = [
+        driver = "psycopg" if database_url else "sqlite3"
+        return [
             C.row(
-                "append: 8 threads x append(1 fact), FULL",
+                f"append {label}: 8 threads x append(1 fact), {durable}",
                 j1m, rsm, ratio(j1, rs), f">= {TARGET}x raw, same txns", ratio(j1, rs) >= TARGET, "rows/s",
                 f"medians of {reps}; journal runs {runs(j1)}; committer formed {mean_batch:.1f} rows/commit "
-                f"on average; raw executemany in the same batch sizes: {runs(rs)}",
+                f"on average; raw {driver} executemany in the same batch sizes: {runs(rs)}",
             ),
             C.row(
-                "append: same, vs raw 8 rows/txn (ideal)",
+                f"append {label}: same, vs raw 8 rows/txn (ideal)",
                 j1m, r8m, ratio(j1, r8), "info", "info", "rows/s",
-                f"raw executemany, 8 rows per transaction, one thread: {runs(r8)}",
+                f"raw {driver} executemany, 8 rows per transaction, one thread: {runs(r8)}",
             ),
             C.row(
-                "append: group commit vs raw 1 row/txn, 8 threads",
+                f"append {label}: group commit vs raw 1 row/txn, 8 threads",
                 j1m, r1m, ratio(j1, r1), "info (> 1x)", "info", "rows/s",
-                f"raw sqlite3, 8 threads, one row per transaction: {runs(r1)}",
+                f"raw {driver}, 8 threads, one row per transaction: {runs(r1)}",
             ),
             C.row(
-                "append: append_many(100), FULL",
+                f"append {label}: append_many(100), {durable}",
                 jmm, rmm, ratio(jm_, rm_), f">= {TARGET}x raw 100/txn", ratio(jm_, rm_) >= TARGET, "rows/s",
-                f"journal runs {runs(jm_)}; raw 100 rows/txn runs {runs(rm_)}",
+                f"journal runs {runs(jm_)}; raw {driver} 100 rows/txn runs {runs(rm_)}",
             ),
         ]
-        C.emit(rows, args)
-        return 0
     finally:
         C.cleanup(data_dir)
+
+
+def main() -> int:
+    args = C.parser(__doc__.splitlines()[0]).parse_args()
+    if args.pg_child:  # the PostgreSQL half, in a process of its own (settings read DATABASE_URL at import)
+        C.emit(measure(args, args.pg_child), args)
+        return 0
+    rows = measure(args, None)
+    from bench import _pg
+
+    pg_rows, why = _pg.run_child(Path(__file__).resolve(), ["--quick"] if args.quick else [], timeout=300)
+    rows += pg_rows or [C.row("append PostgreSQL: all rows", "skipped", "-", None, "-", "info", note=why)]
+    C.emit(rows, args)
+    return 0
 
 
 if __name__ == "__main__":

@@ -212,7 +212,7 @@ def main() -> int:
 
     t_begin = time.time()
     all_deadline = t_begin + ALL_S
-    data_dir = C.make_data_dir("boot")
+    data_dir = C.make_data_dir("boot", sockets=True)
     os.environ["ALINEO_DATA_DIR"] = str(data_dir)  # LiveServer makes its dirs under here
     from tests.live import LiveServer
 
@@ -348,8 +348,10 @@ def main() -> int:
                   f"(prompts issued -> turn.finished) {spread(per_turn)}")))
     except Exception as exc:  # noqa: BLE001 - reported as a row; cleanup below
         log_tail = live.log()[-3000:]
+        last = " | ".join(line.strip() for line in log_tail.strip().splitlines()[-4:])
         rows.append(C.row("boot recovery", "error", "-", None, "-", False,
-                          note=f"{type(exc).__name__}: {exc}"[:500]))
+                          note=f"{type(exc).__name__}: {exc}"[:500] + (f"; server log ends: {last[-600:]}"
+                                                                       if last else "")))
     finally:
         t_end = time.time()
         if client is not None:

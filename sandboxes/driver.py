@@ -28,31 +28,39 @@ Commands (the Command row is the truth; wake-ups only hurry things along):
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
-import os
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from sandboxes.backends.base import CONTAINER_RUN_DIR, LABEL_AGENT, SandboxStatus, get_backend
+from sandboxes.backends.base import (
+    SandboxStatus,
+    backend_for,
+    get_backend,
+)
 from sandboxes.bridge_client import BridgeClient, BridgeError, BridgeRequestError, BridgeUnavailable
 from sandboxes.checkpoints import rotate_checkpoints, store_checkpoint
+from sandboxes import operations
+from sandboxes.provisioning import (  # noqa: F401 - part of the driver's interface
+    BRIDGE_SRC,
+    DriverError,
+    _create_sandbox,
+    extra_labels,
+    harness_revision,
+    profile_revision,
+    run_dir_for,
+)
 from sandboxes.relay import Relay
-from sessions import approvals, credentials
+from sessions import approvals, credentials, leases
 
 log = logging.getLogger(__name__)
 
-BRIDGE_SRC = Path(__file__).resolve().parent / "bridge"
 CONNECT_RETRY_S = 15
 SAFETY_POLL_S = 5
 ENDED = ("stopped", "lost", "unrecoverable")
@@ -75,10 +83,6 @@ class IdleClock:
         return bool(limit) and time.monotonic() - self.since >= limit
 
 
-class DriverError(Exception):
-    pass
-
-
 class SandboxGone(Exception):
     """The sandbox of a driven agent is not running any more."""
 
@@ -95,49 +99,16 @@ class AgentInfo:
     max_age_days: int
     keep: int
     secrets: list = None  # sessions.credentials.Secret: bound values, for the env and redaction
-
-
-def harness_revision() -> str:
-    """A hash of the bridge's source: which harness wrote a checkpoint."""
-    global _REVISION
-    if _REVISION is None:
-        h = hashlib.sha256()
-        for path in sorted(BRIDGE_SRC.rglob("*.py")):
-            h.update(str(path.relative_to(BRIDGE_SRC)).encode() + b"\0" + path.read_bytes())
-        _REVISION = h.hexdigest()[:16]
-    return _REVISION
-
-
-_REVISION: str | None = None
-
-
-def profile_revision(spec: dict) -> str:
-    """A hash of what shapes the sandbox a checkpoint was taken in (image, setup,
-    packages, user, network, limits): which sandbox profile it belongs to."""
-    keys = ("image", "packages", "setup", "run_as", "network", "limits")
-    profile = json.dumps({k: spec.get(k) for k in keys}, sort_keys=True, default=str)
-    return hashlib.sha256(profile.encode()).hexdigest()[:16]
-
-
-def run_dir_for(agent_id: str) -> Path:
-    return Path(settings.DATA_DIR) / "run" / agent_id
-
-
-def extra_labels() -> dict[str, str]:
-    """ALINEO_SANDBOX_LABELS="k=v,k2=v2": labels added to every sandbox (tests use it to clean up)."""
-    out = {}
-    for item in os.environ.get("ALINEO_SANDBOX_LABELS", "").split(","):
-        k, sep, v = item.partition("=")
-        if sep and k.strip():
-            out[k.strip()] = v.strip()
-    return out
+    sandbox_host: str = ""  # the engine that holds sandbox_id (backends.base.backend_for)
 
 
 class AgentDriver:
-    def __init__(self, agent_id: str, boot: bool = False):
+    def __init__(self, agent_id: str, boot: bool = False, lease: leases.Held | None = None):
         self.agent_id = agent_id
         self.boot = boot  # first drive since this process started: the reattach rung is news
+        self.lease = lease  # None only when driven outside a supervisor (tests, tools)
         self.healthy = False
+        self.served = False  # it reached a bridge and acted (not only waited, e.g. for an approval)
         self.check_sandbox = False
         self.status: dict | None = None
         self.wake = asyncio.Event()
@@ -150,14 +121,23 @@ class AgentDriver:
     def kick(self) -> None:
         self.wake.set()
 
+    def _reach(self, info: AgentInfo) -> None:
+        """Drive the engine that holds the agent's sandbox (recorded when it
+        was made), which may be another worker's DOCKER_HOST."""
+        if info.sandbox_id:
+            self.backend = backend_for(info.sandbox_host)
+
     # --- the task ---------------------------------------------------------------------------
     async def run(self) -> None:
         from sandboxes import ladder
 
+        if self.lease is not None:
+            leases.bind(self.lease)  # this task's journal writes are fenced by the lease
         try:
             self.info = info = await _load(self.agent_id)
             if info is None:
                 return
+            self._reach(info)
             if info.status in ENDED or not info.sandbox_id:
                 if not await self._act_without_sandbox():
                     return
@@ -175,7 +155,7 @@ class AgentDriver:
             else:
                 await ladder.recover(self, boot=self.boot)
             while True:
-                self.healthy = True
+                self.healthy = self.served = True
                 try:
                     if await self._serve():
                         return
@@ -188,6 +168,7 @@ class AgentDriver:
                     self.info = info = await _load(self.agent_id)
                     if info is None or info.status in ENDED or not info.sandbox_id:
                         return
+                    self._reach(info)
                     await ladder.recover(self)
         except ladder.AgentLost:
             self.info = await _load(self.agent_id)
@@ -304,7 +285,7 @@ class AgentDriver:
         info = self.info
         run = run_dir_for(info.id)
         sid = await asyncio.to_thread(_create_sandbox, self.backend, info, run)
-        await _sandbox_started(info.id, sid, self.backend.name)
+        await _sandbox_started(info.id, sid, self.backend.name, self.backend.host)
         info.sandbox_id = sid
         log.info("agent %s: sandbox %s started (%s)", info.id, sid, self.backend.name)
 
@@ -343,6 +324,8 @@ class AgentDriver:
             elif verb == "stop":
                 await self._stop(cmd, relay_task)
                 return True
+            elif verb in operations.VERBS:  # reattach, rebridge, checkpoint: sandboxes/operations.py
+                await operations.act(self, cmd)
             else:
                 await _mark(self.agent_id, cmd, "failed", ("unknown_verb", f"cannot act on {verb!r}"))
         return False
@@ -381,65 +364,6 @@ class AgentDriver:
                                       {"turn": turn, "reason": f"{type(exc).__name__}: {exc}"[:1000]})])
 
 
-# --- blocking helpers (threads) ---------------------------------------------------------------
-
-
-def _create_sandbox(backend, info: AgentInfo, run: Path, *, seed: dict | None = None,
-                    start: bool = True) -> str:
-    """Create (and start, unless ``start=False``) a sandbox whose command is the
-    bridge, from the spec's setup snapshot (or its image when it needs no
-    setup). Orphans of an earlier attempt that crashed before journaling the
-    sandbox are removed first. ``seed`` ({"messages", "turns"}: the rebuild
-    rung) is written to the run dir and passed as ``--seed``; a bridge that
-    finds a session file ignores it, so restarts never seed twice."""
-    for old in backend.list({LABEL_AGENT: info.id}):
-        backend.remove(old.id)
-    shutil.rmtree(run, ignore_errors=True)
-    run.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(BRIDGE_SRC, run / "bridge", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    spec = info.spec
-    config = {"agent_id": info.id, "model": spec.get("model", "demo"),
-              "tools": spec.get("tools"), "hooks": spec.get("hooks") or {}}
-    (run / "config.json").write_text(json.dumps(config, indent=1))
-    sock = run / "bridge.sock"
-    if len(str(sock).encode()) > 107:
-        raise DriverError(f"the socket path {sock} is too long for AF_UNIX; use a shorter ALINEO_DATA_DIR")
-    if backend.name == "docker":
-        run.chmod(0o777)  # the bridge may run as another uid than the control plane
-        command = ["python3", "-m", "bridge", "--run-dir", CONTAINER_RUN_DIR, "--home", "/root"]
-        env = {"PYTHONPATH": CONTAINER_RUN_DIR, "PYTHONDONTWRITEBYTECODE": "1"}
-        seed_at = f"{CONTAINER_RUN_DIR}/seed.json"
-    else:
-        command = [sys.executable, "-S", "-m", "bridge"]  # HOME and ALINEO_RUN_DIR set by the backend
-        env = {"PYTHONPATH": str(run), "PYTHONDONTWRITEBYTECODE": "1"}
-        seed_at = str(run / "seed.json")
-    if seed is not None:
-        (run / "seed.json").write_text(json.dumps(seed))
-        command += ["--seed", seed_at]
-    # Bound secrets reach the sandbox only through its environment (never
-    # config.json, which lives on the host's disk in the run dir).
-    env.update({secret.env: secret.value for secret in info.secrets or []})
-    sid = backend.create(info.id, _image_for(backend, spec), run_dir=str(run),
-                         limits=spec.get("limits"), network=spec.get("network") or "none",
-                         env=env, labels=extra_labels(), command=command)
-    if start:
-        try:
-            backend.start(sid)
-        except BaseException:
-            backend.remove(sid)
-            raise
-    return sid
-
-
-def _image_for(backend, spec: dict) -> str:
-    """The spec's setup snapshot (built once), or its image when it needs no setup."""
-    try:
-        from sandboxes.setup import ensure_setup_image
-    except ImportError:  # pragma: no cover - before setup snapshots existed
-        return spec.get("image") or "default"
-    return ensure_setup_image(backend, spec, labels=extra_labels())
-
-
 # --- database helpers ---------------------------------------------------------------------------
 
 
@@ -462,7 +386,8 @@ def _load(agent_id: str) -> AgentInfo | None:
     return AgentInfo(a.id, spec, a.status, a.sandbox_id, a.bridge_cursor,
                      a.bridge_session, ws.zero_data_retention, ws.checkpoint_max_age_days,
                      ws.keep_newest_checkpoints or KEEP_CHECKPOINTS,
-                     credentials.secrets_for(ws.id, spec.get("credentials") or []))
+                     credentials.secrets_for(ws.id, spec.get("credentials") or []),
+                     a.sandbox_host)
 
 
 @database_sync_to_async
@@ -504,7 +429,7 @@ def _mark(agent_id: str, cmd: PendingCommand, state: str, failure=None, final=No
 
 
 @database_sync_to_async
-def _sandbox_started(agent_id: str, sandbox_id: str, backend: str) -> None:
+def _sandbox_started(agent_id: str, sandbox_id: str, backend: str, host: str) -> None:
     """Record the new sandbox; the agent becomes idle only if it was starting:
     a pause sent while the sandbox was being made must hold."""
     from sessions import journal
@@ -512,7 +437,7 @@ def _sandbox_started(agent_id: str, sandbox_id: str, backend: str) -> None:
 
     with transaction.atomic():
         status = Agent.objects.filter(pk=agent_id).values_list("status", flat=True).first()
-        facts = [("agent.sandbox", {"sandbox_id": sandbox_id, "backend": backend})]
+        facts = [("agent.sandbox", {"sandbox_id": sandbox_id, "backend": backend, "host": host})]
         if status == "starting":
             facts.append(("agent.status", {"status": "idle", "reason": "sandbox started"}))
         journal.append_many(agent_id, facts)

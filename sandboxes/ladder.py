@@ -60,8 +60,14 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from sandboxes.backends.base import CONTAINER_RUN_DIR, SandboxStatus
+from sandboxes.backends.base import CONTAINER_RUN_DIR, SandboxStatus, bridge_reachable, get_backend
 from sandboxes.errors import BackendUnavailable, ImageMissing, SandboxError, SandboxNotFound
+from sandboxes.settling import (  # noqa: F401 - dangling is part of the ladder's interface
+    _conversation_events,
+    dangling,
+    seed_conversation,
+    settle_facts,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from sandboxes.driver import AgentDriver
@@ -72,7 +78,6 @@ REATTACH_S = 5.0
 CONNECT_S = 15.0
 CREATE_ATTEMPTS = 3
 SESSION_MEMBER = ".alineo/session.json"
-SETTLED = ("turn.finished", "turn.interrupted")
 
 
 class AgentLost(Exception):
@@ -111,6 +116,9 @@ async def recover(driver: AgentDriver, *, boot: bool = False) -> None:
     journaling agent.lost, LadderError when it should be tried again later."""
     info, backend = driver.info, driver.backend
     sid = info.sandbox_id
+    if not bridge_reachable(info.sandbox_host) and backend.host != get_backend().host:
+        await _move_here(driver, sid)
+        return
     state = await asyncio.to_thread(backend.status, sid)
     log.info("agent %s: sandbox %s is %s (boot=%s)", info.id, sid[:16], state, boot)
     if state is SandboxStatus.UNKNOWN:
@@ -119,7 +127,9 @@ async def recover(driver: AgentDriver, *, boot: bool = False) -> None:
     if state is SandboxStatus.RUNNING:
         if await driver.connect(REATTACH_S):
             if boot:
-                await _journal_rung(info.id, "reattach", "control_plane_restart", sid, sid)
+                lease = getattr(driver, "lease", None)
+                why = "worker_takeover" if lease is not None and lease.expired else "control_plane_restart"
+                await _journal_rung(info.id, "reattach", why, sid, sid)
             return
         state = await asyncio.to_thread(backend.status, sid)
         if state is SandboxStatus.RUNNING:
@@ -159,6 +169,25 @@ async def recover(driver: AgentDriver, *, boot: bool = False) -> None:
     await _fresh(driver, "sandbox_missing")
 
 
+async def _move_here(driver: AgentDriver, sid: str) -> None:
+    """The sandbox is on another machine's engine (its worker died): this
+    worker cannot reach its bridge. Remove it there first — a run must never
+    go on beside its replacement — then restore onto this worker's engine.
+    An engine that does not answer may still be running it: try again later."""
+    old_backend = driver.backend
+    try:
+        await asyncio.to_thread(old_backend.remove, sid)
+    except SandboxNotFound:
+        pass
+    except SandboxError as exc:
+        raise LadderError(f"cannot remove sandbox {sid} on {old_backend.host} before moving "
+                          f"the agent here: {exc}") from exc
+    log.info("agent %s: sandbox %s removed from %s; restoring here", driver.info.id, sid[:16],
+             old_backend.host)
+    driver.backend = get_backend()
+    await _fresh(driver, "engine_unreachable_from_worker")
+
+
 async def _connect_or_retry(driver: AgentDriver, sid: str) -> None:
     if not await driver.connect(CONNECT_S):
         raise LadderError(f"the bridge in sandbox {sid} did not answer after it was started")
@@ -166,7 +195,7 @@ async def _connect_or_retry(driver: AgentDriver, sid: str) -> None:
 
 async def _fresh(driver: AgentDriver, why: str) -> None:
     """Rungs 4-6: a fresh sandbox (restore or rebuild), else lost."""
-    from sandboxes.driver import run_dir_for
+    from sandboxes.provisioning import run_dir_for
     from sessions import approvals
 
     info, backend = driver.info, driver.backend
@@ -212,7 +241,7 @@ async def _fresh(driver: AgentDriver, why: str) -> None:
     elif plan.rung == "rebuild":
         cursor, session = 0, ""  # a new session counting from 1; adopting it is no news
     data = {"rung": plan.rung, "reason": plan.reason, "old_sandbox_id": old,
-            "new_sandbox_id": new_sid, "backend": backend.name, **plan.extra}
+            "new_sandbox_id": new_sid, "backend": backend.name, "host": backend.host, **plan.extra}
     if plan.checkpoint:
         data["checkpoint"] = plan.checkpoint["id"]
         data["checkpoint_turn"] = plan.checkpoint["turn"]
@@ -236,13 +265,13 @@ async def provision_fork(driver: AgentDriver, origin: dict) -> None:
     conversation through the boundary), or a fresh disk seeded with the
     source's transcript through `at_event`. Journals `agent.sandbox` and
     `agent.forked`; the driver connects afterwards."""
-    from sandboxes.driver import run_dir_for
+    from sandboxes.provisioning import run_dir_for
 
     info, backend = driver.info, driver.backend
     plan = await _fork_plan(origin)
     new_sid = await asyncio.to_thread(_build, backend, info, run_dir_for(info.id), plan)
     cursor, session = (plan.cp_head, plan.cp_session) if plan.rung == "restore" else (0, "")
-    data = {"from": origin, "rung": plan.rung, "sandbox_id": new_sid}
+    data = {"from": origin, "rung": plan.rung, "sandbox_id": new_sid, "host": backend.host}
     if plan.seed is not None:
         data["seeded_messages"] = len(plan.seed["messages"])
     try:
@@ -278,7 +307,7 @@ def _rebuild_image(spec: dict) -> bool:
 
 
 def _build(backend, info, run: Path, plan: Plan) -> str:
-    from sandboxes.driver import _create_sandbox
+    from sandboxes.provisioning import _create_sandbox
 
     sid = _create_sandbox(backend, info, run, seed=plan.seed, start=False)
     try:
@@ -360,7 +389,7 @@ def _write_inputs(backend, agent_id: str, sid: str) -> None:
                    and (p.suffix == ".txt" or p.name == "inputs.json"))
     if not files:
         return
-    from sandboxes.driver import run_dir_for
+    from sandboxes.provisioning import run_dir_for
 
     staged = run_dir_for(agent_id) / "inputs"
     staged.mkdir(parents=True, exist_ok=True)
@@ -375,133 +404,6 @@ def _write_inputs(backend, agent_id: str, sid: str) -> None:
             backend.exec(sid, ["sh", "-c", script], timeout=30)
         except SandboxError as exc:
             log.warning("agent %s: writing the inputs again failed: %s", agent_id, exc)
-
-
-# --- the transcript: what to settle, what to seed ------------------------------------------------
-
-
-def dangling(events) -> tuple[dict | None, list[dict], str]:
-    """The turn of ``events`` (dicts with type/data, in seq order) that started
-    and never settled, its tool calls with no result, and the text that survived."""
-    turn, calls, texts, partial = None, {}, [], ""
-    for ev in events:
-        t, d = ev["type"], ev.get("data") or {}
-        if t == "turn.started":
-            turn, calls, texts, partial = d, {}, [], ""
-        elif turn is None:
-            continue
-        elif t in SETTLED:
-            turn, calls, texts, partial = None, {}, [], ""
-        elif t == "message.delta":
-            partial += str(d.get("text") or "")
-        elif t == "message.assistant":
-            texts.append(str(d.get("text") or ""))
-            partial = ""
-        elif t == "tool.dispatched":
-            calls[str(d.get("tool_call_id"))] = d
-        elif t == "tool.result":
-            calls.pop(str(d.get("tool_call_id")), None)
-    if turn is None:
-        return None, [], ""
-    text = "\n\n".join([*texts, partial] if partial else texts)
-    return turn, list(calls.values()), text
-
-
-def settle_facts(events, reason: str = "sandbox_lost", skip_turn: int | None = None) -> list:
-    """Facts that settle the dangling turn of ``events`` (none when it settled)."""
-    turn, calls, text = dangling(events)
-    if turn is None or (skip_turn is not None and turn.get("turn") == skip_turn):
-        return []
-    n = turn.get("turn")
-    facts = [("tool.result", {"turn": n, "tool_call_id": c.get("tool_call_id"), "name": c.get("name"),
-                              "output": f"interrupted: {reason.replace('_', ' ')}",
-                              "exit_code": -1, "is_error": True, "interrupted": True})
-             for c in calls]
-    facts.append(("turn.interrupted", {"turn": n, "text": text, "reason": reason}))
-    return facts
-
-
-def seed_conversation(events) -> dict:
-    """The neutral conversation (docs/BRIDGE.md) the transcript holds, for the
-    rebuild rung's seed: ``{"messages", "turns"}``."""
-    msgs: list[dict] = []
-    partial, turns = "", 0
-    for ev in events:
-        t, d = ev["type"], ev.get("data") or {}
-        if t == "turn.started":
-            turns = max(turns, int(d.get("turn") or 0))
-            partial = ""
-        elif t == "message.user":
-            msgs.append({"role": "user", "text": str(d.get("text") or ""), "kind": "prompt"})
-        elif t == "steer.delivered":
-            msgs.append({"role": "user", "text": str(d.get("text") or ""), "kind": "steer"})
-        elif t == "message.delta":
-            partial += str(d.get("text") or "")
-        elif t == "message.assistant":
-            msgs.append({"role": "assistant", "text": str(d.get("text") or ""), "tool_calls": []})
-            partial = ""
-        elif t == "tool.dispatched":
-            call = {"id": str(d.get("tool_call_id") or ""), "name": str(d.get("name") or ""),
-                    "input": d.get("input") if isinstance(d.get("input"), dict) else {}}
-            last = msgs[-1] if msgs else None
-            if last and last["role"] == "assistant" and not last.get("interrupted"):
-                last["tool_calls"].append(call)
-            else:
-                msgs.append({"role": "assistant", "text": "", "tool_calls": [call]})
-        elif t == "tool.result":
-            out = d.get("output")
-            call_id = str(d.get("tool_call_id") or "")
-            msgs.insert(_result_slot(msgs, call_id), {
-                "role": "tool", "tool_call_id": call_id, "name": str(d.get("name") or ""),
-                "output": out if isinstance(out, str) else json.dumps(out),
-                "exit_code": _int(d.get("exit_code")), "is_error": bool(d.get("is_error")),
-                "interrupted": bool(d.get("interrupted"))})
-        elif t == "turn.interrupted":
-            if partial:
-                msgs.append({"role": "assistant", "text": partial, "tool_calls": [],
-                             "interrupted": True})
-            partial = ""
-        elif t == "turn.finished":
-            partial = ""
-    return {"messages": msgs, "turns": turns}
-
-
-def _result_slot(msgs: list[dict], call_id: str) -> int:
-    """Where a tool result goes: after the assistant message that made the
-    call and the results already following it (normally the end)."""
-    for i in range(len(msgs) - 1, -1, -1):
-        m = msgs[i]
-        if m["role"] == "assistant" and any(c["id"] == call_id for c in m.get("tool_calls", ())):
-            j = i + 1
-            while j < len(msgs) and msgs[j]["role"] == "tool":
-                j += 1
-            return j
-    return len(msgs)
-
-
-def _int(value) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return 0
-
-
-# --- database work --------------------------------------------------------------------------------
-
-_TRANSCRIPT_TYPES = ("turn.started", "turn.finished", "turn.interrupted", "message.user",
-                     "message.assistant", "message.delta", "steer.delivered", "tool.dispatched",
-                     "tool.result")
-
-
-def _conversation_events(agent_id: str, through: int | None = None) -> list[dict]:
-    from sessions.models import Event
-
-    rows = Event.objects.filter(agent_id=agent_id, type__in=_TRANSCRIPT_TYPES)
-    if through is not None:
-        rows = rows.filter(seq__lte=through)
-    rows = (rows
-            .order_by("seq").values_list("type", "data").iterator(chunk_size=2000))
-    return [{"type": t, "data": d} for t, d in rows]
 
 
 @database_sync_to_async
@@ -551,6 +453,7 @@ def _commit_fresh(agent_id: str, old: str, new: str, data: dict, cursor: int, se
         if back is not None:  # "restoring, waiting for approval" ends here
             facts.insert(0, back)
         facts.append(("agent.sandbox", {"sandbox_id": new, "backend": data.get("backend"),
+                                        "host": data.get("host"),
                                         "rung": data["rung"]}))
         facts.append(("agent.restored", data))
         requeued = _requeue_unstarted_prompts(agent_id)
@@ -603,7 +506,7 @@ def _commit_fork(agent_id: str, sid: str, data: dict, cursor: int, session: str)
         if status is None:
             raise LadderError(f"agent {agent_id} already has a sandbox")
         Agent.objects.filter(pk=agent_id).update(bridge_cursor=cursor, bridge_session=session)
-        facts = [("agent.sandbox", {"sandbox_id": sid, "rung": data["rung"]}),
+        facts = [("agent.sandbox", {"sandbox_id": sid, "rung": data["rung"], "host": data.get("host")}),
                  ("agent.forked", data)]
         if status == "starting":
             facts.append(("agent.status", {"status": "idle", "reason": "forked"}))

@@ -14,9 +14,12 @@ wake-up (``kick()``, from the worker consumer on ``command.pending``) and every
 ``SCAN_S`` seconds as a safety net, because wake-ups are best effort. A driver
 that fails is started again after a backoff (1 s doubling to 60 s).
 
-Never two drivers for one agent in a process; across processes the cursor
-guard in sandboxes.relay refuses a second writer (the per-agent lease for
-scale-out is not built yet).
+Never two drivers for one agent in a process; across processes (several
+workers) a driver starts only once this worker holds the agent's lease
+(sessions.leases), renewed by the heartbeat task every quarter of
+``ALINEO_LEASE_S``. A lease that could not be renewed stops its driver; a
+driver's journal writes are fenced by the lease, and the relay's cursor guard
+refuses a second writer as well.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import time
 
 from channels.db import database_sync_to_async
 from django.conf import settings
+
+from sessions import leases
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +53,12 @@ class Supervisor:
         self.next_watch = 0.0
         self.next_sweep = 0.0  # the first scan sweeps: a policy changed while down applies at boot
         self.chores: asyncio.Task | None = None
+        self.heartbeat: asyncio.Task | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Task:
         loop = loop or asyncio.get_event_loop()
         self.task = loop.create_task(self._main(), name="supervisor")
+        self.heartbeat = loop.create_task(self._heartbeat(), name="lease-heartbeat")
         return self.task
 
     def kick(self) -> None:
@@ -75,14 +82,56 @@ class Supervisor:
             await self.stop_drivers()
 
     async def stop_drivers(self) -> None:
-        tasks = list(self.drivers.values()) + ([self.chores] if self.chores else [])
+        tasks = list(self.drivers.values()) + [t for t in (self.chores, self.heartbeat) if t]
+        held = self.held()
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        if held:  # a clean stop: other workers may take these agents at once
+            try:
+                await database_sync_to_async(_release_all)(held)
+            except Exception:  # noqa: BLE001 - they expire by themselves
+                log.info("could not release %d leases at stop", len(held), exc_info=True)
+
+    def held(self) -> list[str]:
+        """The agents whose leases this worker keeps: driving or backing off."""
+        return sorted(set(self.drivers) | set(self.failures))
+
+    async def _heartbeat(self) -> None:
+        """Renew this worker's leases every quarter of ALINEO_LEASE_S. A lease
+        found taken stops its driver; when renewals fail for 3/4 of the lease,
+        every driver stops before another worker may take over (self-fencing)."""
+        last_ok = time.monotonic()
+        while True:
+            lease_s = leases.lease_seconds()
+            await asyncio.sleep(lease_s / 4)
+            wanted = self.held()
+            try:
+                kept = await database_sync_to_async(leases.renew)(wanted)
+            except Exception as exc:  # noqa: BLE001 - the database may be away for a moment
+                log.warning("lease renewal failed: %s", exc)
+                if time.monotonic() - last_ok > 0.75 * lease_s:
+                    log.error("leases not renewed for %.0f s: stopping every driver",
+                              time.monotonic() - last_ok)
+                    for agent_id in wanted:
+                        self._drop(agent_id)
+                continue
+            last_ok = time.monotonic()
+            for agent_id in set(wanted) - kept:
+                log.warning("agent %s: this worker lost its lease; its driver stops", agent_id)
+                self._drop(agent_id)
+
+    def _drop(self, agent_id: str) -> None:
+        task = self.drivers.pop(agent_id, None)
+        self.objects.pop(agent_id, None)
+        self.failures.pop(agent_id, None)
+        if task is not None:
+            task.cancel()
 
     async def scan(self) -> None:
         now = time.monotonic()
+        to_start = []
         for agent_id in await _agents_with_work():
             driver = self.objects.get(agent_id)
             if agent_id in self.drivers and driver is not None:
@@ -93,7 +142,8 @@ class Supervisor:
             _count, not_before = self.failures.get(agent_id, (0, 0.0))
             if now < not_before:
                 continue
-            self._start_driver(agent_id)
+            to_start.append(agent_id)
+        await self._claim_and_start(to_start)
         if now >= self.next_watch:
             self.next_watch = now + WATCH_S
             await self.watch()
@@ -121,16 +171,18 @@ class Supervisor:
         no backoff wait."""
         from sandboxes.backends.base import SandboxStatus, get_backend
 
-        live = await _live_agents()
+        backend = get_backend()
+        # Sandboxes on other engines are watched by the workers that drive them.
+        live = [(a, sid) for a, sid, host in await _live_agents() if host in ("", backend.host)]
         if not live:
             return
-        backend = get_backend()
         try:
             handles = await asyncio.to_thread(backend.list)
         except Exception as exc:  # noqa: BLE001 - the engine may be down: nothing to tell now
             log.info("watcher: cannot list sandboxes: %s", exc)
             return
         states = {h.id: h.status for h in handles}
+        lost = []
         for agent_id, sandbox_id in live:
             state = states.get(sandbox_id, SandboxStatus.MISSING)
             if state is SandboxStatus.RUNNING:
@@ -139,15 +191,27 @@ class Supervisor:
             if agent_id in self.drivers and driver is not None:
                 driver.sandbox_gone()
             else:
-                log.info("watcher: agent %s has sandbox %s %s: recovering now", agent_id,
-                         sandbox_id[:16], state)
-                self.failures.pop(agent_id, None)
-                self._start_driver(agent_id)
+                lost.append(agent_id)
+        for agent_id in lost:
+            self.failures.pop(agent_id, None)  # no backoff wait for a sandbox known gone
+        for agent_id in await self._claim_and_start(lost):
+            log.info("watcher: agent %s: its sandbox is not running here: recovering now", agent_id)
 
-    def _start_driver(self, agent_id: str) -> None:
+    async def _claim_and_start(self, agent_ids: list[str]) -> list[str]:
+        """Start a driver for each of ``agent_ids`` whose lease this worker gets."""
+        if not agent_ids:
+            return []
+        claimed = await database_sync_to_async(_claim)(agent_ids)
+        for held in claimed:
+            if held.agent_id not in self.drivers:
+                self._start_driver(held)
+        return [h.agent_id for h in claimed]
+
+    def _start_driver(self, held: leases.Held) -> None:
         from sandboxes.driver import AgentDriver
 
-        driver = AgentDriver(agent_id, boot=agent_id not in self.driven)
+        agent_id = held.agent_id
+        driver = AgentDriver(agent_id, boot=agent_id not in self.driven, lease=held)
         self.driven.add(agent_id)
         task = asyncio.get_running_loop().create_task(driver.run(), name=f"driver-{agent_id}")
         self.drivers[agent_id] = task
@@ -155,6 +219,7 @@ class Supervisor:
         task.add_done_callback(lambda t, a=agent_id: self._ended(a, t))
 
     def _ended(self, agent_id: str, task: asyncio.Task) -> None:
+        driver = self.objects.get(agent_id)
         if self.drivers.get(agent_id) is task:
             del self.drivers[agent_id]
             self.objects.pop(agent_id, None)
@@ -162,13 +227,36 @@ class Supervisor:
             return
         exc = task.exception()
         if exc is None:
+            # The lease is not released but left to expire: this worker takes it
+            # back silently at its next scan if work arrives, whereas a release
+            # would let agents that wait (an approval) change hands every scan.
             self.failures.pop(agent_id, None)
+            if getattr(driver, "served", False):
+                self.kick()  # a command that came in while it wound down (an unload) goes now
+            return
+        if isinstance(exc, leases.LeaseLost):
+            self.failures.pop(agent_id, None)
+            log.warning("agent %s: %s", agent_id, exc)
             return
         count = self.failures.get(agent_id, (0, 0.0))[0] + 1
         delay = min(BACKOFF_MAX_S, 2 ** (count - 1))
         self.failures[agent_id] = (count, time.monotonic() + delay)
         log.warning("driver of agent %s failed (%s: %s); again in %.0f s", agent_id,
                     type(exc).__name__, exc, delay, exc_info=exc if count == 1 else None)
+
+
+def _claim(agent_ids: list[str]) -> list[leases.Held]:
+    out = []
+    for agent_id in leases.free_for_me(agent_ids):
+        held = leases.acquire(agent_id)
+        if held is not None:
+            out.append(held)
+    return out
+
+
+def _release_all(agent_ids: list[str]) -> None:
+    for agent_id in agent_ids:
+        leases.release(agent_id)
 
 
 @database_sync_to_async
@@ -194,7 +282,7 @@ def _live():
 
 @database_sync_to_async
 def _live_agents() -> list[tuple[str, str]]:
-    return list(_live().values_list("id", "sandbox_id"))
+    return list(_live().values_list("id", "sandbox_id", "sandbox_host"))
 
 
 def current() -> Supervisor | None:

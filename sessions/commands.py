@@ -1,4 +1,5 @@
-"""Idempotent commands: spawn, prompt, steer, interrupt, pause, resume, stop.
+"""Idempotent commands: spawn, prompt, steer, interrupt, pause, resume, stop,
+and the client's reattach, rebridge (its "resume") and checkpoint.
 
 A command is journaled first and acted on later (by the worker). Each one runs
 in ONE transaction that (1) looks up the caller's Idempotency-Key, (2) writes
@@ -30,6 +31,9 @@ from .models import Agent, AgentStatus, Command, CommandState, CommandVerb
 log = logging.getLogger(__name__)
 
 AGENT_VERBS = ("prompt", "steer", "interrupt", "pause", "resume", "stop")
+# Verbs whose caller waits for an outcome (Command.result, GET /api/commands/{id});
+# the worker acts on them in sandboxes/operations.py.
+OPERATION_VERBS = ("reattach", "rebridge", "checkpoint")
 TEXT_VERBS = ("prompt", "steer")
 MAX_KEY = 255
 MAX_REASON = 1000
@@ -77,7 +81,7 @@ def spawn(user, body: Any, key: str | None = None) -> Outcome:
 
 def send(user, agent_id: str, verb: str, body: Any, key: str | None = None) -> Outcome:
     """Send `verb` to an agent: prompt/steer take {"text"}; the others take {"reason"?}. → 202."""
-    if verb not in AGENT_VERBS:
+    if verb not in AGENT_VERBS + OPERATION_VERBS:
         raise CommandRefused(404, "command.unknown", f"No such command {verb!r}.")
     key = check_key(key)
     body = _object(body)
@@ -242,6 +246,8 @@ def _first_prompt(user, child: Agent, prompt: str) -> Command:
 def _send(user, agent_id: str, verb: str, payload: dict, key, digest) -> Outcome:
     agent = _locked(user, agent_id, "agent")
     _refuse_if_ended(agent)
+    if verb == "checkpoint":
+        _refuse_if_no_checkpoints(agent)
     cmd = _record(user, agent, verb, key, digest, 202)
     facts = [(f"command.{verb}", {**payload, "command": cmd.pk, "by": user.get_username()})]
     status = _status_after(agent, verb)
@@ -333,6 +339,19 @@ def _refuse_if_ended(agent: Agent) -> None:
         raise CommandRefused(
             409, "agent.unrecoverable", f"Agent {agent.id} is unrecoverable{why}. {keep}"
         )
+
+
+def _refuse_if_no_checkpoints(agent: Agent) -> None:
+    """An on-demand checkpoint needs what a turn checkpoint needs."""
+    if agent.workspace.zero_data_retention:
+        raise CommandRefused(
+            409, "checkpoint.zero_data_retention",
+            f"Agent {agent.id} belongs to a zero-data-retention workspace: it takes no checkpoints.")
+    if not (isinstance(agent.spec, dict) and agent.spec.get("checkpoint") is True):
+        raise CommandRefused(
+            409, "checkpoint.disabled",
+            f'Agent {agent.id} was spawned without "checkpoint": true in its spec; '
+            "it takes no checkpoints.")
 
 
 # --- body checks ---------------------------------------------------------------------

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable
@@ -23,6 +22,8 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, IntegrityError, connections, transaction
 from django.utils import timezone
 
+from . import leases
+from .committer import GroupCommitter
 from . import state as state_mod
 from . import wakeups
 from .models import Agent, AgentStatus, Event, Snapshot, iso_ts
@@ -104,19 +105,26 @@ def append_many(agent_id: str, facts: Iterable[Fact]) -> list[EventRecord]:
     if not items:
         return []
     db = connections[DEFAULT_DB_ALIAS]
+    held = leases.bound_for(agent_id)  # a driver writes: fenced by its lease
     if db.in_atomic_block:
+        if held is not None:
+            leases.check(held)
         records = _write(agent_id, items)
         transaction.on_commit(lambda: _committed([agent_id]))
         return records
-    if db.execute_wrappers or db.force_debug_cursor:
-        return _append_here(agent_id, items)
+    if held is not None or db.execute_wrappers or db.force_debug_cursor:
+        return _append_here(agent_id, items, held)
     return _committer.submit(agent_id, items)
 
 
-def _append_here(agent_id: str, items: list[tuple[str, dict, str]]) -> list[EventRecord]:
-    """Write and commit on the caller's own connection (no group commit)."""
+def _append_here(agent_id: str, items: list[tuple[str, dict, str]],
+                 held: leases.Held | None = None) -> list[EventRecord]:
+    """Write and commit on the caller's own connection (no group commit); with
+    ``held``, only while this worker still holds the agent's lease."""
     try:
         with transaction.atomic():
+            if held is not None:
+                leases.check(held)
             records = _write(agent_id, items)
     except (IntegrityError, DatabaseError) as exc:
         error = _translate(exc)
@@ -163,7 +171,8 @@ def _write_groups(
     db = db or transaction.get_connection()  # the wrapper itself: each `connection.x` costs a lookup
     now = timezone.now()
     db_now = db.ops.adapt_datetimefield_value(now)
-    cast = "::jsonb" if db.vendor == "postgresql" else ""
+    pg = db.vendor == "postgresql"
+    cast = "::jsonb" if pg else ""
     rows: list[tuple] = []
     out: list[list[list[EventRecord]]] = []
     for agent_id, requests in groups:
@@ -180,20 +189,25 @@ def _write_groups(
                 else:
                     sets.append(f"{column} = {ph}")
                 params.append(value)
+        # PostgreSQL: the time is read once the agent row is locked, so ts never
+        # goes back along seq (a writer that waited for the lock comes later).
+        # SQLite's BEGIN IMMEDIATE already serialises writers before `now`.
+        clock = ", clock_timestamp()" if pg else ""
         cur.execute(
-            f"UPDATE agent_sessions_agent SET {', '.join(sets)} WHERE id = {ph} RETURNING last_seq",
+            f"UPDATE agent_sessions_agent SET {', '.join(sets)} WHERE id = {ph} RETURNING last_seq{clock}",
             params + [agent_id],
         )
         row = cur.fetchone()
         if row is None:
             raise UnknownAgent(f"no agent {agent_id}")
+        at, at_db = (row[1], row[1]) if pg else (now, db_now)
         seq = row[0] - n + 1
         per_request = []
         for items in requests:
             recs = []
             for t, d, text in items:
-                rows.append((agent_id, seq, t, text, db_now))
-                recs.append(EventRecord(agent_id, seq, t, d, now))
+                rows.append((agent_id, seq, t, text, at_db))
+                recs.append(EventRecord(agent_id, seq, t, d, at))
                 seq += 1
             per_request.append(recs)
         out.append(per_request)
@@ -231,147 +245,9 @@ def _projection(facts) -> dict[str, Any]:
             changes["status_reason"] = str(data.get("reason", ""))
         if etype == "agent.sandbox" or (etype == "agent.restored" and data.get("new_sandbox_id")):
             changes["sandbox_id"] = str(data.get("sandbox_id") or data.get("new_sandbox_id"))
+            if etype == "agent.sandbox":  # which engine holds it ("" when not recorded)
+                changes["sandbox_host"] = str(data.get("host") or "")[:255]
     return changes
-
-
-class _Request:
-    """One caller's facts, waiting for the committer. `lock` is held until the
-    request is done (committed or refused): the caller blocks on it alone, so a
-    commit wakes exactly the callers it served."""
-
-    __slots__ = ("agent_id", "done", "error", "items", "lock", "result")
-
-    def __init__(self, agent_id: str, items: list):
-        self.agent_id = agent_id
-        self.items = items
-        self.result: list[EventRecord] | None = None
-        self.error: BaseException | None = None
-        self.done = False
-        self.lock = threading.Lock()
-        self.lock.acquire()
-
-
-class _GroupCommitter:
-    """Group commit by one daemon thread per process, with its own connection.
-
-    Callers queue a request and block on the request's own lock. The thread
-    takes everything queued, writes it in one transaction, and wakes exactly
-    the callers it served.
-
-    Measured (bench/append_throughput.py, 8 threads on 2 cores): the costly
-    part is not SQLite but the GIL. With a leader elected among the callers,
-    handing the lead over (notify_all wakes every waiter, each re-takes the
-    condition's lock) cost more than the commit. With a committer thread that
-    wakes its callers right after COMMIT, they run their Python while it
-    issues BEGIN and the UPDATEs, and it waits for the GIL after each short
-    statement (BEGIN alone went from 9 to ~130 µs). So a batch's callers are
-    woken later: once the next batch is written, just before its COMMIT,
-    whose fsync leaves the GIL to them. Their facts were committed already;
-    they return one batch's write later (about 0.1 ms). With nothing queued
-    they are woken at once.
-    """
-
-    IDLE_CLOSE_S = 1.0  # close the committer's connection after this long without work
-
-    def __init__(self) -> None:
-        self._reset()
-
-    def _reset(self) -> None:
-        self._mutex = threading.Lock()  # guards _queue, _idle, _thread
-        self._queue: list[_Request] = []
-        self._idle = False  # the committer sleeps on _wake (and _wake is held)
-        self._wake = threading.Lock()
-        self._wake.acquire()
-        self._thread: threading.Thread | None = None
-        # Committer thread only: the batch being written, and requests done
-        # whose callers are not woken yet.
-        self._inflight: list[_Request] = []
-        self._finished: list[_Request] = []
-
-    def submit(self, agent_id: str, items: list) -> list[EventRecord]:
-        req = _Request(agent_id, items)
-        with self._mutex:
-            self._queue.append(req)
-            if self._idle:
-                self._idle = False
-                self._wake.release()
-            elif self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="alineo-journal-committer", daemon=True)
-                self._thread.start()
-        req.lock.acquire()
-        if req.error is not None:
-            raise req.error
-        return req.result  # type: ignore[return-value]
-
-    def _run(self) -> None:
-        while True:
-            try:
-                self._serve()
-            except BaseException as exc:  # never leave a caller waiting, never die
-                log.exception("journal committer failed")
-                with self._mutex:
-                    stranded, self._queue = self._queue, []
-                inflight, self._inflight = self._inflight, []
-                to_wake, self._finished = self._finished, []
-                for req in inflight + stranded:
-                    if not req.done:  # done ones were queued for waking or woken already
-                        req.result, req.error, req.done = None, _translate(exc), True
-                        to_wake.append(req)
-                for req in to_wake:
-                    req.lock.release()
-                _close_connection()
-
-    def _serve(self) -> None:
-        while True:
-            with self._mutex:
-                batch, self._queue = self._queue, []
-                if not batch and not self._finished:
-                    self._idle = True
-            if batch:
-                self._inflight = batch
-                self._commit(batch)
-                self._inflight = []
-            elif self._finished:
-                self._wake_callers()  # nothing to overlap with: wake them now, then look again
-            elif not self._wake.acquire(timeout=self.IDLE_CLOSE_S):
-                _close_connection()  # idle: don't hold a connection for nothing
-                self._wake.acquire()
-
-    def _wake_callers(self) -> None:
-        finished, self._finished = self._finished, []
-        for req in finished:
-            req.lock.release()
-
-    def _commit(self, batch: list[_Request]) -> None:
-        """Write the batch in one transaction; on failure retry its requests one
-        by one, so one bad request never fails the others. Sets each request's
-        outcome; its caller is woken before the next COMMIT (or when idle)."""
-        by_agent: dict[str, list[_Request]] = {}
-        for req in batch:  # queue order is kept within each agent
-            by_agent.setdefault(req.agent_id, []).append(req)
-        groups = [(agent_id, [r.items for r in reqs]) for agent_id, reqs in by_agent.items()]
-        try:
-            written = _commit_groups(groups, self._wake_callers)
-        except (JournalError, IntegrityError, DatabaseError) as exc:
-            self._wake_callers()
-            if not isinstance(exc, JournalError):
-                _close_connection()  # reopen a fresh one for the next transaction
-            if len(batch) > 1:
-                for req in batch:
-                    self._commit([req])
-                return
-            req = batch[0]
-            req.error = _translate(exc)
-            if isinstance(req.error, JournalUnavailable):
-                note_unwritable(req.agent_id, exc)
-        else:
-            for reqs, results in zip(by_agent.values(), written):
-                for req, result in zip(reqs, results):
-                    req.result = result
-            _committed(list(by_agent))
-        for req in batch:
-            req.done = True
-        self._finished.extend(batch)
 
 
 def _commit_groups(groups, before_commit):
@@ -432,7 +308,15 @@ def _translate(exc: BaseException) -> BaseException:
     return JournalUnavailable(f"the transcript cannot be written: {exc}")
 
 
-_committer = _GroupCommitter()
+# Looked up at call time (lambdas), so tests may replace _commit_groups.
+_committer = GroupCommitter(
+    commit_groups=lambda groups, before_commit: _commit_groups(groups, before_commit),
+    translate=lambda exc: _translate(exc),
+    unwritable=lambda agent_id, exc: note_unwritable(agent_id, exc),
+    committed=lambda agent_ids: _committed(agent_ids),
+    close_connection=lambda: _close_connection(),
+    refused=(JournalError, IntegrityError, DatabaseError),
+)
 if hasattr(os, "register_at_fork"):  # a forked child has no committer thread: start afresh
     os.register_at_fork(after_in_child=_committer._reset)
 

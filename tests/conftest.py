@@ -37,6 +37,27 @@ def _flush_agents_before_events():
     DatabaseOperations.sql_flush = original
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup):
+    """pytest-django's, plus: on PostgreSQL the test database can only be
+    dropped when nobody else is connected, and the journal's committer thread
+    (it closes its connection after 1 s idle) or a process just stopped may
+    still be. End those sessions before pytest-django drops it."""
+    yield
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    try:
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+    except Exception:  # best effort: the worst case is pytest-django's warning
+        pass
+
+
 @pytest.fixture
 def workspace(db):
     return Workspace.objects.create(name="acme")

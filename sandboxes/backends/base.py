@@ -18,10 +18,11 @@ from __future__ import annotations
 import abc
 import enum
 import functools
+import socket
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping, Sequence
 
-from sandboxes.errors import SandboxError
+from sandboxes.errors import BackendUnavailable, SandboxError
 
 #: The placeholder sandbox command until the bridge exists: a long-running,
 #: stdlib-only python process. Backends take ``command=`` to run something else.
@@ -138,6 +139,12 @@ class SandboxBackend(abc.ABC):
     """One way of running sandboxes. Subclasses: docker, local."""
 
     name: str = ""
+
+    @property
+    def host(self) -> str:
+        """Which engine this backend drives, as recorded with each sandbox
+        (Agent.sandbox_host) so that any worker can reach the sandbox again."""
+        return f"{self.name}:{socket.gethostname()}"
 
     # --- lifecycle -----------------------------------------------------------
     @abc.abstractmethod
@@ -292,7 +299,41 @@ def get_backend(name: str | None = None) -> SandboxBackend:
     return _backend(resolve_backend_name(name))
 
 
+def backend_for(host: str | None) -> SandboxBackend:
+    """The backend that reaches the engine ``host`` (an Agent.sandbox_host):
+    this worker's own backend when it is that engine (or nothing was recorded),
+    else a Docker client for the recorded DOCKER_HOST. Raises
+    BackendUnavailable for a local sandbox of another machine."""
+    own = get_backend()
+    if not host or host == own.host:
+        return own
+    if host.startswith("local:"):
+        raise BackendUnavailable(f"sandbox host {host} is another machine's local backend")
+    return _docker_at(host)
+
+
+def bridge_reachable(host: str | None) -> bool:
+    """Whether this worker can talk to a bridge on engine ``host``: the bridge
+    listens on a unix socket in a run dir bind-mounted from the engine's
+    machine, so only engines on this machine (unix sockets, this host's
+    local backend) qualify. On a tcp:// or ssh:// engine the sandbox can be
+    inspected and removed, not driven."""
+    if not host:
+        return True
+    if host.startswith("local:"):
+        return host == f"local:{socket.gethostname()}"
+    return host.startswith(("unix://", "npipe://"))
+
+
+@functools.lru_cache(maxsize=None)
+def _docker_at(base_url: str) -> SandboxBackend:
+    from sandboxes.backends.docker import DockerBackend
+
+    return DockerBackend(base_url=base_url)
+
+
 def _clear_caches() -> None:
+    _docker_at.cache_clear()
     _backend.cache_clear()
     _auto_backend_name.cache_clear()
 

@@ -44,6 +44,7 @@ from sandboxes.errors import (
 log = logging.getLogger(__name__)
 
 HOME = "/root"
+DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 # Seconds added to an exec's own timeout before the HTTP read gives up.
 _EXEC_GRACE_S = 15
 
@@ -51,8 +52,10 @@ _EXEC_GRACE_S = 15
 class DockerBackend(SandboxBackend):
     name = "docker"
 
-    def __init__(self, client=None, *, api_timeout: float = 120):
+    def __init__(self, client=None, *, api_timeout: float = 120, base_url: str | None = None):
         self._client = client
+        # None: DOCKER_HOST (docker-py's standard variables) or the default socket.
+        self._base_url = base_url
         self._api_timeout = api_timeout
         self._lock = threading.Lock()
         self._stream_client = None
@@ -63,8 +66,12 @@ class DockerBackend(SandboxBackend):
         if self._client is None:
             with self._lock:
                 if self._client is None:
-                    self._client = self._connect(self._api_timeout)
+                    self._client = self._connect(self._api_timeout, self._base_url)
         return self._client
+
+    @property
+    def host(self) -> str:
+        return self._base_url or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
 
     @property
     def stream_client(self):
@@ -72,15 +79,20 @@ class DockerBackend(SandboxBackend):
         if self._stream_client is None:
             with self._lock:
                 if self._stream_client is None:
-                    self._stream_client = self._connect(None)
+                    self._stream_client = self._connect(None, self._base_url)
         return self._stream_client
 
     @staticmethod
-    def _connect(timeout):
+    def _connect(timeout, base_url: str | None = None):
         import docker
 
         try:
-            client = docker.from_env(timeout=timeout)
+            if base_url is None:
+                client = docker.from_env(timeout=timeout)
+            else:  # another engine: TLS settings still come from DOCKER_TLS_VERIFY/DOCKER_CERT_PATH
+                kwargs = docker.utils.kwargs_from_env()
+                kwargs["base_url"] = base_url
+                client = docker.DockerClient(timeout=timeout, **kwargs)
             client.ping()
         except Exception as exc:  # noqa: BLE001
             raise BackendUnavailable(
@@ -331,7 +343,7 @@ class DockerBackend(SandboxBackend):
         aborts the upload before any of its bytes reach the engine (entries
         before it stay, all inside the home). Checking while streaming saves
         the spool-then-check pass (~0.3 s for 5,000 files)."""
-        from sandboxes.checkpoints import validated_tar
+        from sandboxes.safe_tar import validated_tar
 
         with self._errors(sandbox_id):
             self.stream_client.api.put_archive(sandbox_id, HOME, validated_tar(tar_chunks))

@@ -283,7 +283,7 @@ class LocalBackend(SandboxBackend):
             )
 
     def write_home(self, sandbox_id: str, tar_chunks: Iterable[bytes]) -> None:
-        from sandboxes.checkpoints import as_fileobj, safe_extract
+        from sandboxes.safe_tar import as_fileobj, safe_extract
 
         self._existing(sandbox_id)
         safe_extract(as_fileobj(tar_chunks), self.home(sandbox_id))
@@ -333,14 +333,17 @@ class LocalBackend(SandboxBackend):
         if not path.exists():
             return
         pid = self._pid(sandbox_id)
-        if pid is not None:
-            _killpg(pid, signal.SIGKILL)
         trash = self.root / f".rm-{sandbox_id}-{uuid.uuid4().hex[:6]}"
         try:
-            os.rename(path, trash)  # gone at once for status(), then deleted
+            # Gone for status() BEFORE its process dies: a driver that sees its
+            # bridge drop must find the sandbox missing, never merely exited.
+            os.rename(path, trash)
         except FileNotFoundError:
-            return
-        _rmtree(trash)
+            trash = None
+        if pid is not None:
+            _killpg(pid, signal.SIGKILL)
+        if trash is not None:
+            _rmtree(trash)
 
     # --- queries ---------------------------------------------------------------------
     def list(self, labels: Mapping[str, str] | None = None) -> list[SandboxHandle]:

@@ -16,7 +16,7 @@ from functools import wraps
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
-from django.db import OperationalError
+from django.db import InternalError, OperationalError
 from django.http import HttpRequest, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
@@ -115,7 +115,8 @@ def exception_response(request: HttpRequest, exc: Exception) -> JsonResponse:
         return error_response(400, "request.invalid", "The request was refused as malformed.")
     if isinstance(exc, journal.UnknownAgent):
         return error_response(404, "agent.not_found", "No such agent.")
-    if isinstance(exc, (journal.JournalUnavailable, OperationalError)):
+    # A read-only PostgreSQL refuses the first locking read with InternalError.
+    if isinstance(exc, (journal.JournalUnavailable, OperationalError, InternalError)):
         log.warning("%s %s: storage unavailable: %s", request.method, request.path, exc)
         response = error_response(
             503,

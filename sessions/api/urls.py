@@ -12,7 +12,7 @@ urlpatterns = [
     re_path(r"^agents/?$", views.agents, name="api-agents"),
     re_path(rf"^agents/{_ID}/?$", views.agent_detail, name="api-agent"),
     re_path(
-        rf"^agents/{_ID}/(?P<verb>prompt|steer|interrupt|pause|resume|stop)/?$",
+        rf"^agents/{_ID}/(?P<verb>prompt|steer|interrupt|pause|resume|stop|reattach|rebridge)/?$",
         views.agent_command,
         name="api-agent-command",
     ),
@@ -22,6 +22,7 @@ urlpatterns = [
         rf"^agents/{_ID}/checkpoints/?$", views.agent_checkpoints, name="api-agent-checkpoints"
     ),
     re_path(rf"^agents/{_ID}/fork/?$", views.agent_fork, name="api-agent-fork"),
+    re_path(r"^commands/(?P<command_id>[^/]+)/?$", views.command_detail, name="api-command"),
     # [\s\S], not ".": a path may hold a newline (%0A) too. (Django cannot reverse "(?s)".)
     re_path(r"^(?P<rest>[\s\S]*)$", views.api_not_found),
 ]

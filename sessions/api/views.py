@@ -15,7 +15,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from .. import approvals, commands, forks, journal
-from ..models import Agent, AgentStatus, Checkpoint, Event, iso_ts
+from ..models import Agent, AgentStatus, Checkpoint, Command, Event, iso_ts
 from .auth import visible_agent
 from .errors import ApiError, error_response, not_found
 from .handler import api_view, idempotency_key, json_body, outcome_response, query_int
@@ -47,6 +47,7 @@ def _summary(agent: Agent, children: list[str]) -> dict:
         "status": status,
         "status_reason": reason,
         "sandbox_id": agent.sandbox_id or None,
+        "sandbox_host": agent.sandbox_host or None,  # the engine that holds it (DEPLOYMENT.md)
         "parent": agent.parent_id,
         "children": children,
         "last_seq": agent.last_seq,
@@ -176,11 +177,16 @@ def agent_events(request, user, agent_id: str):
 # --- checkpoints ---------------------------------------------------------------------
 
 
-@api_view("GET")
+@api_view("GET", "POST")
 def agent_checkpoints(request, user, agent_id: str):
-    """Secret-free metadata of the agent's checkpoints, newest first: never their
-    contents. A zero-data-retention workspace has none to list."""
+    """GET: secret-free metadata of the agent's checkpoints, newest first: never
+    their contents. A zero-data-retention workspace has none to list.
+    POST: take a checkpoint now (a command; its outcome at GET /api/commands/{id})."""
     agent = _agent(user, agent_id)
+    if request.method == "POST":
+        outcome = commands.send(user, agent.id, "checkpoint", json_body(request),
+                                idempotency_key(request))
+        return outcome_response(outcome)
     if agent.workspace.zero_data_retention:
         return JsonResponse({"checkpoints": [], "zero_data_retention": True})
     rows = list(Checkpoint.objects.filter(agent=agent).order_by("-created_at", "-id")[:200])
@@ -222,6 +228,41 @@ def agent_fork(request, user, agent_id: str):
     agent = _agent(user, agent_id)
     outcome = forks.fork(user, agent.id, json_body(request), idempotency_key(request))
     return outcome_response(outcome)
+
+
+# --- commands' outcomes -------------------------------------------------------------------
+
+_COMMAND_ID = re.compile(r"[0-9]{1,18}")
+
+
+@api_view("GET")
+def command_detail(request, user, command_id: str):
+    """A command and what acting on it produced: {"id", "agent", "verb", "state",
+    "result", "seq", "created_at", "acted_at"}. Another workspace's command is a
+    404, like one that does not exist."""
+    cmd = None
+    if _COMMAND_ID.fullmatch(command_id):
+        cmd = Command.objects.filter(pk=int(command_id), workspace__members=user).first()
+    if cmd is None:
+        raise ApiError(404, "command.not_found", f"No such command: {command_id[:64]!r}.")
+    result = cmd.result if isinstance(cmd.result, dict) else {}
+    if cmd.state == "failed" and "code" not in result and cmd.agent_id:
+        # Failed by the driver's generic path: its command.failed fact says why.
+        fact = (Event.objects.filter(agent_id=cmd.agent_id, type="command.failed",
+                                     seq__gt=cmd.seq or 0, data__command=cmd.pk)
+                .values_list("data", flat=True).first()) or {}
+        result = {**result, "code": fact.get("code") or "command.failed",
+                  "message": fact.get("reason") or "the command could not be acted on"}
+    return JsonResponse({
+        "id": cmd.pk,
+        "agent": cmd.agent_id,
+        "verb": cmd.verb,
+        "state": cmd.state,
+        "result": result,
+        "seq": cmd.seq,
+        "created_at": iso_ts(cmd.created_at),
+        "acted_at": iso_ts(cmd.acted_at) if cmd.acted_at else None,
+    })
 
 
 @csrf_exempt

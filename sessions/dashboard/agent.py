@@ -41,7 +41,18 @@ def side_context(agent) -> dict:
 def agent_context(agent) -> dict:
     info = summarize(agent)
     children = list(agent.children.order_by("created_at", "id"))
-    return {**info, **side_context(agent), "children": children, "version": agent_version(agent)}
+    return {**info, **side_context(agent), "children": children, "version": agent_version(agent),
+            "worker": _driving_worker(agent)}
+
+
+def _driving_worker(agent) -> str | None:
+    """The worker whose lease on the agent is live now (docs/DEPLOYMENT.md), if any."""
+    from django.utils import timezone
+
+    from sessions.models import AgentLease
+
+    return (AgentLease.objects.filter(agent=agent, expires_at__gt=timezone.now())
+            .values_list("holder", flat=True).first())
 
 
 @require_GET

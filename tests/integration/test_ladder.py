@@ -14,7 +14,7 @@ import signal
 
 import pytest
 
-from tests.integration.worlds import DEMO, World, _count, _of
+from tests.integration.worlds import DEMO, World, _count, _of, remove_sandbox
 
 
 CHECKPOINTED = {"model": "demo", "checkpoint": True}
@@ -55,22 +55,6 @@ def sandbox_of(w: World, agent: str) -> str:
     sid = w.get(f"/api/agents/{agent}")["sandbox_id"]
     assert sid
     return sid
-
-
-def remove_sandbox(w: World, sid: str) -> None:
-    """`docker rm -f`, or the local backend's remove (kills its process group)."""
-    if w.kind == "docker":
-        import docker
-
-        client = docker.from_env()
-        try:
-            client.api.remove_container(sid, force=True, v=True)
-        finally:
-            client.close()
-    else:
-        from sandboxes.backends.local import LocalBackend
-
-        LocalBackend(root=w.server.data_dir / "sandboxes").remove(sid)
 
 
 _KILL_BRIDGE = (

@@ -125,6 +125,22 @@ class World:
                              f"{n} finished turn(s)", timeout)
 
 
+def remove_sandbox(w: World, sid: str) -> None:
+    """`docker rm -f`, or the local backend's remove (kills its process group)."""
+    if w.kind == "docker":
+        import docker
+
+        client = docker.from_env()
+        try:
+            client.api.remove_container(sid, force=True, v=True)
+        finally:
+            client.close()
+    else:
+        from sandboxes.backends.local import LocalBackend
+
+        LocalBackend(root=w.server.data_dir / "sandboxes").remove(sid)
+
+
 def _count(events, etype: str) -> int:
     return sum(1 for e in events if e["type"] == etype)
 

@@ -37,8 +37,15 @@ from sessions.backup import (
 from sessions.backup import format as bformat
 from sessions.backup import write as bwrite
 from sessions.models import Agent, AgentMemory, Checkpoint, Event
+from tests.engines import sqlite_only
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+# The restore target here is a SQLite file; a PostgreSQL bundle (pg_dump) can only
+# be restored into PostgreSQL (restore_bundle refuses a cross-engine restore): the
+# PostgreSQL round trip is tests/scaleout/test_backup_pg.py.
+SQLITE_RESTORE = "these restore the bundle into a SQLite file of their own"
 
 
 def sqlite_db(path: Path) -> dict:
@@ -93,6 +100,7 @@ def restore(bundle: Path, dst: Path, **kw):
 # --- the round trip -----------------------------------------------------------------------------
 
 
+@sqlite_only(SQLITE_RESTORE)
 def test_round_trip_restores_rows_files_and_rewrites_checkpoint_paths(source, tmp_path):
     data, agents = source
     bundle = backup(data, tmp_path / "backups")
@@ -134,6 +142,7 @@ def test_round_trip_restores_rows_files_and_rewrites_checkpoint_paths(source, tm
     assert not list(dst.glob(".restore-*"))
 
 
+@sqlite_only(SQLITE_RESTORE)
 def test_a_checkpoint_file_gone_before_the_copy_is_listed_and_its_row_marked_deleted(source, tmp_path):
     data, agents = source
     gone = Checkpoint.objects.filter(agent=agents[1], turn=2).get()
@@ -148,6 +157,7 @@ def test_a_checkpoint_file_gone_before_the_copy_is_listed_and_its_row_marked_del
 # --- online and consistent ------------------------------------------------------------------------
 
 
+@sqlite_only("it reads the bundle's SQLite copy (PostgreSQL bundles hold pg_dump's one-snapshot dump)")
 def test_a_backup_while_the_journal_appends_is_consistent(agent, tmp_path):
     stop, errors, written = threading.Event(), [], []
 
@@ -209,7 +219,7 @@ def _flip_db_byte(bundle, manifest):
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     path.write_bytes(bytes(raw))
-    return "alineo.sqlite3", "sha256"
+    return path.name, "sha256"  # alineo.sqlite3, or alineo.pgdump on PostgreSQL
 
 
 def _flip_file_byte(bundle, manifest):
@@ -293,6 +303,7 @@ def test_restore_from_the_backup_dir_takes_the_newest_bundle(source, tmp_path):
 # --- the target data dir --------------------------------------------------------------------------
 
 
+@sqlite_only(SQLITE_RESTORE)
 def test_a_data_dir_with_data_is_refused_without_force_and_moved_aside_with_it(source, tmp_path):
     data, _ = source
     bundle = backup(data, tmp_path / "backups")
@@ -311,6 +322,7 @@ def test_a_data_dir_with_data_is_refused_without_force_and_moved_aside_with_it(s
     assert not (dst / "notes.txt").exists() and (dst / "alineo.sqlite3").is_file()
 
 
+@sqlite_only(SQLITE_RESTORE)
 def test_a_fresh_data_dir_with_only_a_secret_key_counts_as_empty(source, tmp_path):
     data, _ = source
     bundle = backup(data, tmp_path / "backups")

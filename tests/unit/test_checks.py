@@ -26,9 +26,26 @@ def with_engine(engine: str) -> dict:
     return {"default": {**settings.DATABASES["default"], "ENGINE": engine}}
 
 
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
 def test_defaults_raise_nothing():
-    with override_settings(ALINEO_WORKERS=1, CHANNEL_LAYERS=IN_MEMORY, ALINEO_SANDBOX="auto"):
+    with override_settings(ALINEO_WORKERS=1, CHANNEL_LAYERS=IN_MEMORY, ALINEO_SANDBOX="auto",
+                           DATABASES=with_engine("django.db.backends.sqlite3")):
         assert alineo_ids() == set()
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_postgresql_without_redis_warns_and_with_redis_does_not():
+    pg = with_engine("django.db.backends.postgresql")
+    with override_settings(DATABASES=pg, CHANNEL_LAYERS=IN_MEMORY):
+        assert "alineo.W003" in alineo_ids()
+    with override_settings(DATABASES=pg, CHANNEL_LAYERS=REDIS):
+        assert "alineo.W003" not in alineo_ids()
+
+
+@pytest.mark.parametrize("lease_s, bad", [(2, True), (4.9, True), (5, False), (20, False)])
+def test_a_lease_shorter_than_5_seconds_is_an_error(lease_s, bad):
+    with override_settings(ALINEO_LEASE_S=lease_s):
+        assert ("alineo.E004" in alineo_ids()) is bad
 
 
 def test_several_workers_on_the_in_memory_layer_warn():

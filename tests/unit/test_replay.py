@@ -57,8 +57,14 @@ def test_replay_skips_a_snapshot_from_a_newer_release(agent, settings):
 def test_an_unreplayable_transcript_marks_the_agent_unrecoverable(agent):
     journal.append(agent.id, "message.user", {"text": "fine"})
     # Simulate corruption the reducer cannot fold (a seq gap), below the triggers.
+    migration = importlib.import_module("sessions.migrations.0002_event_append_only")
+    if connection.vendor == "postgresql":
+        drop = "DROP TRIGGER agent_sessions_event_append_only ON agent_sessions_event"
+        restore = migration.PG_UP[1]
+    else:
+        drop, restore = "DROP TRIGGER agent_sessions_event_no_update", migration.SQLITE_UP[0]
     with connection.cursor() as cur:
-        cur.execute("DROP TRIGGER agent_sessions_event_no_update")
+        cur.execute(drop)
         cur.execute("UPDATE agent_sessions_event SET seq = 5 WHERE agent_id = %s", [agent.id])
     try:
         with pytest.raises(journal.Unrecoverable, match="gap"):
@@ -66,6 +72,5 @@ def test_an_unreplayable_transcript_marks_the_agent_unrecoverable(agent):
         agent.refresh_from_db()
         assert agent.status == "unrecoverable" and "gap" in agent.status_reason
     finally:
-        migration = importlib.import_module("sessions.migrations.0002_event_append_only")
         with connection.cursor() as cur:
-            cur.execute(migration.SQLITE_UP[0])
+            cur.execute(restore)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.checkpoints import check_tar, safe_extract
+from sandboxes.safe_tar import check_tar, safe_extract
 from sandboxes.errors import UnsafeArchive
 
 

@@ -4,7 +4,11 @@ Both run on daphne's event loop, so the in-memory channel layer reaches the
 worker and wake-ups reach streams without Redis. Static files are served here
 too (daphne does not), through staticfiles' ASGI handler: no extra dependency.
 
-For scale-out, run daphne and `manage.py runworker alineo-worker` separately.
+`--role web` serves HTTP, SSE and wake-ups only — no channels worker, no
+supervisor — for the scale-out shape: several web processes on one
+DATABASE_URL and REDIS_URL, and the agents driven by separate worker
+processes (`manage.py runworker`). The default, `--role all`, is
+the embedded server above.
 """
 
 from __future__ import annotations
@@ -36,6 +40,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--port", type=int, default=None, help="Port to bind (default $PORT or 8000; 0 picks a free one)."
         )
+        parser.add_argument(
+            "--role", choices=ROLES, default="all",
+            help="all (default): HTTP, SSE and the worker in one process; "
+                 "web: HTTP, SSE and wake-ups only, no worker (agents are driven elsewhere).",
+        )
 
     def handle(self, *args, **options):
         host, port = options["host"], options["port"]
@@ -43,11 +52,17 @@ class Command(BaseCommand):
         if not 0 <= port <= 65535:
             raise CommandError(f"--port {port} is not a TCP port.")
         self.check_migrations()  # warns, like runserver, when `migrate` was not run
-        run(host, port, self.stdout)
+        run(host, port, self.stdout, role=options["role"])
 
 
-def run(host: str, port: int, stdout) -> None:
-    """Run daphne's Server with the worker and the wake-up machinery on its loop."""
+ROLES = ("all", "web")
+
+
+def run(host: str, port: int, stdout, role: str = "all") -> None:
+    """Run daphne's Server with the wake-up machinery on its loop, and the
+    worker too unless role is "web"."""
+    if role not in ROLES:
+        raise CommandError(f"--role {role!r}: choose one of {', '.join(ROLES)}.")
     from daphne.endpoints import build_endpoint_description_strings
     from daphne.server import twisted_loop
     from twisted.internet import reactor
@@ -57,7 +72,7 @@ def run(host: str, port: int, stdout) -> None:
     tasks: list[asyncio.Task | None] = []
     # Twisted may fire "when running" callbacks before the asyncio loop itself
     # runs; call_soon defers ours until it does, so they see a running loop.
-    reactor.callWhenRunning(twisted_loop.call_soon, _start_background, twisted_loop, application, tasks)
+    reactor.callWhenRunning(twisted_loop.call_soon, _start_background, twisted_loop, application, tasks, role)
     # Cancel our tasks before daphne's own shutdown, so nothing logs a
     # "Task was destroyed but it is pending" on SIGTERM.
     reactor.addSystemEventTrigger("before", "shutdown", _cancel, tasks)
@@ -65,7 +80,7 @@ def run(host: str, port: int, stdout) -> None:
         application=_with_static(application),
         endpoints=build_endpoint_description_strings(host=_endpoint_host(host), port=port),
         signal_handlers=True,  # SIGTERM/SIGINT stop the reactor cleanly
-        on_listening=lambda h, p: _announce(stdout, h, p),
+        on_listening=lambda h, p: _announce(stdout, h, p, role),
     )
     server.run()
     if server.listen_failed:
@@ -103,9 +118,10 @@ def _endpoint_host(host: str) -> str:
     return host.replace(":", r"\:") if ":" in host else host
 
 
-def _announce(stdout, host: str, port: int) -> None:
+def _announce(stdout, host: str, port: int, role: str = "all") -> None:
     shown = f"[{host}]" if ":" in host else host
-    stdout.write(f"Alineo is serving on http://{shown}:{port}/ (Ctrl-C or SIGTERM stops it)\n")
+    what = " (web role: no worker in this process)" if role == "web" else ""
+    stdout.write(f"Alineo is serving on http://{shown}:{port}/{what} (Ctrl-C or SIGTERM stops it)\n")
     stdout.flush()
 
 
@@ -116,11 +132,16 @@ def _with_static(application):
     return ASGIStaticFilesHandler(application)
 
 
-def _start_background(loop: asyncio.AbstractEventLoop, application, tasks: list) -> None:
-    """On the running loop: bind wake-ups to it, start the worker and the watcher.
-    If that fails, stop: serving without a worker would leave commands pending."""
+def _start_background(loop: asyncio.AbstractEventLoop, application, tasks: list, role: str = "all") -> None:
+    """On the running loop: bind wake-ups to it, start the worker (unless the
+    role is web) and the watcher. If that fails, stop: serving without a
+    worker would leave commands pending."""
     try:
-        _start_worker_and_watcher(loop, application, tasks)
+        if role == "web":
+            _start_wakeups(loop, tasks)
+            log.info("web role: no worker or supervisor in this process")
+        else:
+            _start_worker_and_watcher(loop, application, tasks)
     except Exception:
         from twisted.internet import reactor
 
@@ -148,7 +169,15 @@ def _start_worker_and_watcher(loop: asyncio.AbstractEventLoop, application, task
     from sandboxes import supervisor
 
     tasks.append(supervisor.start(loop))
-    # The data_version watcher wakes streams when another process commits.
+    _start_wakeups(loop, tasks)
+
+
+def _start_wakeups(loop: asyncio.AbstractEventLoop, tasks: list) -> None:
+    from sessions import wakeups
+
+    wakeups.bind_loop(loop)
+    # The data_version watcher wakes streams when another process commits
+    # (embedded SQLite default only; on Redis, wake-ups cross processes).
     # Guarded: it lands in sessions.wakeups separately from this command.
     if hasattr(wakeups, "start_data_version_watcher"):
         started = wakeups.start_data_version_watcher(loop)

@@ -111,5 +111,5 @@ def test_anonymous_outsider_and_unknown(anon, outsider_api, api, spawned, method
 
 
 def test_wrong_methods_are_405(api, spawned):
-    assert_error(api.post(f"/api/agents/{spawned}/checkpoints"), 405)
+    assert_error(api("PUT", f"/api/agents/{spawned}/checkpoints"), 405)  # POST takes one now
     assert_error(api.get(f"/api/agents/{spawned}/fork"), 405)

@@ -9,11 +9,11 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from django.conf import settings
 from django.db import connection, connections
 
 from sessions import commands
 from sessions.models import Agent, Command, Event
+from tests.engines import database_env
 
 from .conftest import Caller, assert_error
 
@@ -175,11 +175,7 @@ def test_the_key_holds_across_a_restart(owner, owner_token):
         "out = commands.spawn(user, {'prompt': 'hi'}, 'restart-1');"
         "print(json.dumps([out.status, out.body, out.replayed]))"
     )
-    env = dict(
-        os.environ,
-        DJANGO_SETTINGS_MODULE="alineo_site.settings",
-        ALINEO_DB_PATH=str(settings.DATABASES["default"]["NAME"]),
-    )
+    env = database_env(dict(os.environ, DJANGO_SETTINGS_MODULE="alineo_site.settings"))
     done = subprocess.run(
         [sys.executable, "-c", script],
         cwd=ROOT,

@@ -72,3 +72,20 @@ def test_empty_transcript_renders(logged_in, workspace, owner):
     html = logged_in.get(f"/agents/{agent.id}/").content.decode()
     assert 'data-cursor="0"' in html and "No events yet" in html
     journal.append(agent.id, "operator.note", {"text": "first"})
+
+
+def test_the_head_names_the_worker_driving_the_agent_and_the_engine(logged_in, make_agent):
+    from datetime import timedelta
+
+    from sessions.models import AgentLease
+
+    agent = make_agent(facts=[("agent.sandbox", {"sandbox_id": "c-123", "host": "unix:///run/b.sock"})])
+    html = logged_in.get(f"/agents/{agent.id}/").content.decode()
+    assert 'title="on unix:///run/b.sock"' in html and "driven by" not in html
+    now = timezone.now()
+    lease = AgentLease.objects.create(agent=agent, holder="box/1a2b:4242:99", acquired_at=now,
+                                      expires_at=now + timedelta(seconds=20))
+    assert "driven by <code>box/1a2b:4242:99</code>" in logged_in.get(f"/agents/{agent.id}/").content.decode()
+    lease.expires_at = now - timedelta(seconds=1)  # an expired lease drives nothing
+    lease.save()
+    assert "driven by" not in logged_in.get(f"/agents/{agent.id}/").content.decode()

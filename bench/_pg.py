@@ -1,0 +1,207 @@
+"""PostgreSQL for the benches: a server to run against, and a scratch database
+per bench that is dropped afterwards.
+
+Where the server comes from, in this order:
+1. `ALINEO_BENCH_DATABASE_URL`, else `DATABASE_URL`: that server. The benches
+   never write to the database the URL names: they CREATE a scratch database
+   next to it (`alineo_bench_<hex>`) and DROP it at the end. A role that may
+   not create databases gets the PG rows skipped, with that reason.
+2. PostgreSQL's binaries (/usr/lib/postgresql/*/bin/initdb): a throwaway
+   cluster in a temp dir, listening on 127.0.0.1 on a free port (and a unix
+   socket in that dir), password auth, stopped and removed at the end.
+   `initdb` refuses root, so as root the cluster runs as an unprivileged user:
+   `ALINEO_BENCH_PG_USER` if set, else the first of pgtmp, postgres, nobody
+   that exists.
+3. Neither: the PG rows are printed as skipped, with the reason.
+
+`bench/run` starts one server for the whole run and hands its URL to each
+bench as ALINEO_BENCH_DATABASE_URL; a bench run on its own starts its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
+
+
+class NoPostgres(Exception):
+    """Why there is no PostgreSQL to bench against (printed as the skip reason)."""
+
+
+def configured_url() -> str | None:
+    for name in ("ALINEO_BENCH_DATABASE_URL", "DATABASE_URL"):
+        url = os.environ.get(name, "").strip()
+        if url and url.split(":", 1)[0] in ("postgres", "postgresql", "pgsql", "postgis"):
+            return url
+    return None
+
+
+def _bindir() -> Path | None:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+                   key=lambda p: [int(x) if x.isdigit() else 0 for x in Path(p).parts[-3].split(".")])
+    if found:
+        return Path(found[-1]).parent
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+def _run_as() -> pwd.struct_passwd | None:
+    if os.geteuid() != 0:
+        return None
+    wanted = os.environ.get("ALINEO_BENCH_PG_USER")
+    for name in ([wanted] if wanted else ["pgtmp", "postgres", "nobody"]):
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            continue
+    raise NoPostgres("running as root and no unprivileged user (pgtmp, postgres, nobody) to run initdb as; "
+                     "set ALINEO_BENCH_PG_USER")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def server():
+    """Yields (admin URL, description). Raises NoPostgres when there is none."""
+    if os.environ.get("ALINEO_BENCH_NO_PG"):  # bench/run already found none: say why, once per bench
+        raise NoPostgres(os.environ["ALINEO_BENCH_NO_PG"])
+    url = configured_url()
+    if url:
+        yield url, os.environ.get("ALINEO_BENCH_PG_HOW") or (
+            "from " + ("ALINEO_BENCH_DATABASE_URL" if os.environ.get("ALINEO_BENCH_DATABASE_URL") else "DATABASE_URL"))
+        return
+    bindir = _bindir()
+    if bindir is None:
+        raise NoPostgres("no PostgreSQL: neither ALINEO_BENCH_DATABASE_URL/DATABASE_URL is set nor initdb installed")
+    user = _run_as()
+    base = Path(tempfile.mkdtemp(prefix="alineo-bench-pg-", dir="/tmp" if Path("/tmp").is_dir() else None))
+    kw: dict = {}
+    if user is not None:
+        os.chown(base, user.pw_uid, user.pw_gid)
+        kw = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+    password = secrets.token_hex(16)
+    pwfile = base / "pw"
+    pwfile.write_text(password + "\n")
+    if user is not None:
+        os.chown(pwfile, user.pw_uid, user.pw_gid)
+    data, log, sock = base / "data", base / "log", base / "sock"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    env.update(LC_ALL="C.UTF-8", LANG="C.UTF-8", HOME=str(base))
+    started = False
+    try:
+        sock.mkdir()
+        if user is not None:
+            os.chown(sock, user.pw_uid, user.pw_gid)
+        r = subprocess.run([str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-E", "UTF8",
+                            "--auth=scram-sha-256", f"--pwfile={pwfile}", "--no-sync"],
+                           capture_output=True, text=True, env=env, cwd=base, timeout=120, check=False, **kw)
+        if r.returncode != 0:
+            raise NoPostgres(f"initdb failed: {(r.stderr or r.stdout).strip()[-300:]}")
+        for _ in range(3):
+            port = _free_port()
+            with open(data / "postgresql.conf", "a") as fh:
+                fh.write(f"\n# alineo bench\nlisten_addresses = '127.0.0.1'\nport = {port}\n"
+                         f"unix_socket_directories = '{sock}'\nmax_connections = 200\n")
+            r = subprocess.run([str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "60",
+                                "start"], capture_output=True, text=True, env=env, cwd=base, timeout=90, check=False,
+                               **kw)
+            if r.returncode == 0:
+                started = True
+                break
+        if not started:
+            tail = log.read_text()[-500:] if log.exists() else r.stderr
+            raise NoPostgres(f"pg_ctl start failed: {tail.strip()}")
+        how = f"a throwaway cluster on 127.0.0.1:{port}{' run as ' + user.pw_name if user else ''}"
+        yield f"postgresql://postgres:{quote(password)}@127.0.0.1:{port}/postgres", how
+    finally:
+        if started:
+            subprocess.run([str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "-t", "60", "stop"],
+                           capture_output=True, text=True, env=env, cwd=base, timeout=90, check=False, **kw)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _with_db(url: str, dbname: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + dbname, parts.query, parts.fragment))
+
+
+@contextlib.contextmanager
+def scratch_database(admin_url: str):
+    """A fresh database on the server, dropped at the end. Yields its URL."""
+    import psycopg
+
+    name = f"alineo_bench_{secrets.token_hex(4)}"
+    try:
+        with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    except psycopg.Error as exc:
+        why = " ".join(str(exc).split())[:200]
+        raise NoPostgres(f"cannot create a scratch database on that server: {why}") from exc
+    try:
+        yield _with_db(admin_url, name)
+    finally:
+        for _ in range(5):
+            try:
+                with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
+                    conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                break
+            except psycopg.Error:
+                time.sleep(1)
+
+
+def version(url: str) -> str:
+    import psycopg
+
+    with psycopg.connect(url, connect_timeout=10) as conn:
+        full = conn.execute("SHOW server_version").fetchone()[0]
+        sync = conn.execute("SHOW synchronous_commit").fetchone()[0]
+        fsync = conn.execute("SHOW fsync").fetchone()[0]
+    return f"PostgreSQL {full.split()[0]} (fsync={fsync}, synchronous_commit={sync})"
+
+
+def run_child(script: Path, args: list[str], timeout: float) -> tuple[list[dict] | None, str]:
+    """Run `script --pg-child URL …` against a scratch database on a server
+    (bench/run's, or one started here). Returns (rows, reason-if-none)."""
+    import json
+
+    from bench import _common as C
+
+    try:
+        with contextlib.ExitStack() as stack:
+            admin, how = stack.enter_context(server())
+            url = stack.enter_context(scratch_database(admin))
+            out = Path(tempfile.mkstemp(prefix="alineo-bench-pg-rows-", suffix=".json")[1])
+            stack.callback(out.unlink, missing_ok=True)
+            env = dict(os.environ)
+            env.pop("DATABASE_URL", None)
+            env.pop("ALINEO_DATA_DIR", None)  # this process's own data dir, gone by now
+            if C.PARENT_DATA_DIR:
+                env["ALINEO_DATA_DIR"] = C.PARENT_DATA_DIR
+            proc = subprocess.run([C.PY, str(script), "--pg-child", url, "--json", str(out), *args],
+                                  cwd=C.REPO, env=env, capture_output=True, text=True, timeout=timeout,
+                                  check=False)
+            if proc.returncode != 0 or not out.exists() or not out.read_text().strip():
+                return None, f"the PostgreSQL run failed (exit {proc.returncode}): {proc.stderr.strip()[-600:]}"
+            rows = json.loads(out.read_text())
+            ver = version(url)
+            if rows:  # the server, once per bench
+                rows[0]["note"] = (rows[0].get("note", "") + f"; {ver}, {how}").lstrip("; ")
+            return rows, ""
+    except NoPostgres as exc:
+        return None, str(exc)
+    except subprocess.TimeoutExpired:
+        return None, f"the PostgreSQL run timed out after {timeout:.0f} s"

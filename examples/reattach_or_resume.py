@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Get back in to an agent from any process: try reattach, fall back to resume.
+
+    ALINEO_URL=http://127.0.0.1:8000 ALINEO_TOKEN=aln_… python3 examples/reattach_or_resume.py AGENT_ID
+    python3 examples/reattach_or_resume.py --url http://127.0.0.1:8000 --token aln_… AGENT_ID ["say: hi"]
+    python3 examples/reattach_or_resume.py --new ["say: hi"]          # start one first
+
+Only the standard library and the client package sessions/client/ (copy that
+directory next to this script, or run it from the repository). It prints the rung it got back in
+by, the rest of a turn that was running, then the reply to an optional prompt.
+"""
+
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)                                   # client/ copied next to this file
+sys.path.insert(0, os.path.join(HERE, "..", "sessions"))   # or run from the repository
+
+from client import (  # noqa: E402
+    AgentEnded, Alineo, AlineoError, BridgeUnavailable, NotFound, text_only)
+
+
+def get_back_in(agent_id: str, url: str, token: str):
+    """The usual pattern: keep the bridge if it answers (a running turn keeps
+    running), else restart it on its session (a running turn is dropped)."""
+    try:
+        return Alineo.reattach(agent_id, url=url, token=token)
+    except BridgeUnavailable as exc:
+        print(f"reattach: {exc.message}; resuming instead", file=sys.stderr)
+        return Alineo.resume(agent_id, url=url, token=token)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("agent_id", nargs="?", help="the agent to get back in to")
+    p.add_argument("prompt", nargs="?", help="a prompt to send afterwards, e.g. 'say: hi'")
+    p.add_argument("--url", default=os.environ.get("ALINEO_URL", "http://127.0.0.1:8000"))
+    p.add_argument("--token", default=os.environ.get("ALINEO_TOKEN"))
+    p.add_argument("--new", action="store_true", help="start a new demo agent first")
+    args = p.parse_args()
+    if not args.token:
+        p.error("give --token or set ALINEO_TOKEN (manage.py issue_token USERNAME)")
+    if args.new:
+        args.prompt = args.prompt or args.agent_id
+        args.agent_id = Alineo.start({"model": "demo"}, url=args.url, token=args.token).id
+        print(f"started {args.agent_id}")
+    if not args.agent_id:
+        p.error("give an agent id (or --new)")
+    try:
+        agent = get_back_in(args.agent_id, args.url, args.token)
+        print(f"back in to {agent.id} by {agent.rung} (sandbox {agent.sandbox_id})")
+        running = agent.follow()                  # the rest of a running turn, if any
+        for text in text_only(running):
+            print(text, end="", flush=True)
+        if running.outcome:
+            print(f"\n[turn {running.number} {running.outcome}]")
+        if args.prompt:
+            turn = agent.prompt(args.prompt)
+            for text in text_only(turn):
+                print(text, end="", flush=True)
+            print(f"\n[turn {turn.number} {turn.outcome}]")
+    except NotFound:
+        print(f"no agent {args.agent_id} (or not in your workspace)", file=sys.stderr)
+        return 2
+    except AgentEnded as exc:
+        print(f"the agent has ended: {exc.message}", file=sys.stderr)
+        return 3
+    except AlineoError as exc:
+        print(f"failed: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
