@@ -15,7 +15,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8000
 PYTEST_ARGS ?=
 # The PostgreSQL + Redis pass of `make test` (the scale-out shape) runs these.
-PG_PYTEST_ARGS ?= tests/unit tests/scaleout
+PG_PYTEST_ARGS ?= tests/unit tests/scaleout -m "not sqlite_only"
 
 .PHONY: help setup run test migrate bench clean
 
@@ -58,9 +58,11 @@ run: migrate
 # Debian's chromium is installed too when missing (.ci/browser-up), for tests/browser.
 #
 # Two passes; `make test` fails when either fails:
-#   1. the whole suite ($(PYTEST_ARGS)) on SQLite and the in-memory channel layer
-#      (DATABASE_URL/REDIS_URL from your shell are ignored here);
-#   2. $(PG_PYTEST_ARGS) on PostgreSQL + Redis (DATABASE_URL, REDIS_URL). The
+#   1. the whole suite ($(PYTEST_ARGS)) but tests/scaleout on SQLite and the
+#      in-memory channel layer (DATABASE_URL/REDIS_URL from your shell are ignored);
+#   2. $(PG_PYTEST_ARGS) on PostgreSQL + Redis (DATABASE_URL, REDIS_URL): the
+#      unit tests again (less those marked sqlite_only, which ran in pass 1) and
+#      the scale-out tests, which need several processes on one database. The
 #      services come from ALINEO_TEST_DATABASE_URL + ALINEO_TEST_REDIS_URL when
 #      both are set, else, as root, from .ci/services-up (Debian's postgresql and
 #      redis-server on 127.0.0.1, stopped again afterwards if this run started them).
@@ -84,7 +86,7 @@ test: setup
 	echo "== make test, pass 1/2: SQLite + in-memory channel layer: pytest $(PYTEST_ARGS)"; \
 	sqlite_status=0; \
 	mkdir -p "$$data_dir/sqlite"; \
-	env -u DATABASE_URL -u REDIS_URL ALINEO_TEST_PASS=sqlite ALINEO_DATA_DIR="$$data_dir/sqlite" $(PY) -m pytest $(PYTEST_ARGS) || sqlite_status=$$?; \
+	env -u DATABASE_URL -u REDIS_URL ALINEO_TEST_PASS=sqlite ALINEO_DATA_DIR="$$data_dir/sqlite" $(PY) -m pytest --ignore=tests/scaleout $(PYTEST_ARGS) || sqlite_status=$$?; \
 	pg_status=skipped; db_url=""; redis_url=""; \
 	if [ "$$want_pg" = 0 ]; then \
 	  loud "make test: the PostgreSQL + Redis pass is SKIPPED (ALINEO_TEST_PG=0)"; \

@@ -2,7 +2,7 @@
 on PostgreSQL + Redis (DATABASE_URL, REDIS_URL; see `make test`).
 
     vendor()                      "sqlite" | "postgresql"
-    sqlite_only(reason)           a skip marker for what only SQLite has
+    sqlite_only(reason)           marks (and off SQLite, skips) what only SQLite has
     refuse_writes(connection)     the database refuses this connection's writes
     database_env()                env for a subprocess on the *current* (test) database
     database_url(name=None)       DATABASE_URL of the current database (PostgreSQL)
@@ -24,7 +24,15 @@ def vendor() -> str:
 
 
 def sqlite_only(reason: str):
-    return pytest.mark.skipif(vendor() != "sqlite", reason=f"SQLite only: {reason}")
+    """Marks a test `sqlite_only` (make test's PostgreSQL pass deselects those:
+    they ran in its SQLite pass) and skips it, with the reason, when a run by
+    hand is on another engine."""
+    skip = pytest.mark.skipif(vendor() != "sqlite", reason=f"SQLite only: {reason}")
+
+    def mark(test):
+        return pytest.mark.sqlite_only(skip(test))
+
+    return mark
 
 
 @contextlib.contextmanager
