@@ -308,6 +308,8 @@ def backend_for(host: str | None) -> SandboxBackend:
     if not host or host == own.host:
         return own
     if host.startswith("local:"):
+        if host == f"local:{socket.gethostname()}":
+            return get_backend("local")  # this machine's, though this worker runs Docker
         raise BackendUnavailable(f"sandbox host {host} is another machine's local backend")
     return _docker_at(host)
 

@@ -127,6 +127,29 @@ def _rewrite_checkpoints(db: Path, manifest: dict, data_dir: Path) -> tuple[int,
     return rewritten, marked
 
 
+def _forget_leases(db: Path | None = None) -> None:
+    """Worker leases name the old deployment's processes: drop them, so the
+    first worker here takes every agent at once (not after they expire).
+    ``db``: the staged SQLite copy; None: the database Django uses."""
+    from django.db import connection
+
+    from sessions.models import AgentLease
+
+    table = AgentLease._meta.db_table
+    if db is None:
+        if table in connection.introspection.table_names():  # a bundle from before leases has none
+            AgentLease.objects.all().delete()
+        return
+    conn = sqlite3.connect(db)
+    try:
+        with conn:
+            if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                            (table,)).fetchone():
+                conn.execute(f"DELETE FROM {table}")
+    finally:
+        conn.close()
+
+
 def _rewrite_checkpoints_orm(manifest: dict, data_dir: Path) -> tuple[int, int]:
     from django.utils import timezone as djtz
 
@@ -258,6 +281,7 @@ def restore_bundle(path, *, force: bool = False, images: bool = True, data_dir=N
             if (digest, size) != (dbm["sha256"], dbm["bytes"]):
                 raise BundleRefused(f"database {dbm['file']} changed while it was restored")
             out.rewritten, out.marked_deleted = _rewrite_checkpoints(staged_db, manifest, data_dir)
+            _forget_leases(staged_db)
         if images:
             load_images(bundle, manifest, say, out)
         elif manifest.get("images"):
@@ -277,6 +301,7 @@ def restore_bundle(path, *, force: bool = False, images: bool = True, data_dir=N
         else:
             _pg_restore(db, bundle / dbm["file"], data_dir, stamp, force and pg_data, out, say)
             out.rewritten, out.marked_deleted = _rewrite_checkpoints_orm(manifest, data_dir)
+            _forget_leases()
         staged_data = staging / "data"
         if staged_data.is_dir():
             for entry in sorted(staged_data.iterdir()):

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from sessions import journal
 from sessions.backup import write_bundle
-from sessions.models import Agent, Checkpoint
+from sessions.models import Agent, AgentLease, Checkpoint
 from tests.engines import database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -70,6 +70,9 @@ def test_a_bundle_restores_into_another_postgres_database(workspace, owner, tmp_
                                   path=str(path), bytes=path.stat().st_size,
                                   expires_at=timezone.now() + timedelta(days=30))
 
+    AgentLease.objects.create(agent=agent, holder="old-box/1:2:3", acquired_at=timezone.now(),
+                              expires_at=timezone.now() + timedelta(seconds=20))
+
     bundle = write_bundle(tmp_path / "backups", images=False, data_dir=src)
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["database"]["engine"] == "postgresql" and manifest["database"]["events"] == 12
@@ -83,7 +86,7 @@ def test_a_bundle_restores_into_another_postgres_database(workspace, owner, tmp_
 
     got = _django(env, (
         "from django.db import connection, transaction\n"
-        "from sessions.models import Agent, Checkpoint, Event\n"
+        "from sessions.models import Agent, AgentLease, Checkpoint, Event\n"
         f"a = Agent.objects.get(pk={agent.id!r})\n"
         "seqs = list(Event.objects.filter(agent=a).order_by('seq').values_list('seq', flat=True))\n"
         "refused = False\n"
@@ -93,10 +96,12 @@ def test_a_bundle_restores_into_another_postgres_database(workspace, owner, tmp_
         "except Exception:\n"
         "    refused = True\n"
         "result = {'seqs': seqs, 'last_seq': a.last_seq, 'refused': refused,\n"
+        "          'leases': AgentLease.objects.count(),\n"
         "          'paths': sorted(Checkpoint.objects.filter(agent=a).values_list('path', flat=True))}\n"
     ))
     assert got["seqs"] == list(range(1, 13)) and got["last_seq"] == 12
     assert got["refused"], "the restored transcript is not append-only (trigger missing)"
+    assert got["leases"] == 0  # the old deployment's workers do not hold the agents here
     assert got["paths"] == [str(dst / "checkpoints" / agent.id / f"sb0-t{t}.tar.zst") for t in (1, 2)]
     assert all(Path(p).is_file() for p in got["paths"])
     assert (dst / "secret_key").read_text() == "s3cret-key"

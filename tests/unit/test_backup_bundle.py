@@ -36,7 +36,7 @@ from sessions.backup import (
 )
 from sessions.backup import format as bformat
 from sessions.backup import write as bwrite
-from sessions.models import Agent, AgentMemory, Checkpoint, Event
+from sessions.models import Agent, AgentLease, AgentMemory, Checkpoint, Event
 from tests.engines import sqlite_only
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -83,6 +83,9 @@ def source(tmp_path, workspace, owner):
                 bytes=path.stat().st_size, expires_at=timezone.now() + timedelta(days=30),
                 deleted_at=timezone.now() if turn == 1 else None)
         agents.append(agent)
+    for agent in agents:  # driven by a worker of the old deployment when the backup ran
+        AgentLease.objects.create(agent=agent, holder="old-box/1:2:3", acquired_at=timezone.now(),
+                                  expires_at=timezone.now() + timedelta(seconds=20))
     (data / "inputs" / agents[0].id).mkdir(parents=True)
     (data / "inputs" / agents[0].id / "task.txt").write_text("the input")
     return data, agents
@@ -127,6 +130,8 @@ def test_round_trip_restores_rows_files_and_rewrites_checkpoint_paths(source, tm
                 f"SELECT seq FROM {Event._meta.db_table} WHERE agent_id=? ORDER BY seq", (agent.id,))]
             assert seqs == list(range(1, 13))
         assert conn.execute(f"SELECT COUNT(*) FROM {AgentMemory._meta.db_table}").fetchone()[0] == 2
+        # The old deployment's worker leases are not restored: a worker here takes over at once.
+        assert conn.execute(f"SELECT COUNT(*) FROM {AgentLease._meta.db_table}").fetchone()[0] == 0
         rows = conn.execute(f"SELECT path, deleted_at FROM {Checkpoint._meta.db_table} "
                             "WHERE deleted_at IS NULL").fetchall()
     finally:

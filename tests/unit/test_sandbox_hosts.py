@@ -46,6 +46,13 @@ def test_backend_for_reaches_the_recorded_engine(settings, monkeypatch):
         base.backend_for("local:another-machine")
 
 
+def test_a_docker_worker_reaches_a_local_sandbox_of_this_machine(settings):
+    from sandboxes.backends.local import LocalBackend
+
+    settings.ALINEO_SANDBOX = "docker"
+    assert isinstance(base.backend_for(f"local:{socket.gethostname()}"), LocalBackend)
+
+
 def test_docker_host_names_the_engine(monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "unix:///run/other-docker.sock")
     assert DockerBackend().host == "unix:///run/other-docker.sock"
