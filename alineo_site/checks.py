@@ -82,3 +82,26 @@ def scale_out_check(app_configs, **kwargs):
             id="alineo.E004",
         ))
     return out
+
+
+@register()
+def docker_host_check(app_configs, **kwargs):
+    """The bridge's socket lives in a run dir bind-mounted from the engine's
+    machine: a worker can drive only an engine on its own machine."""
+    import os
+    from urllib.parse import urlsplit
+
+    host = os.environ.get("DOCKER_HOST", "").strip()
+    if not host or settings.ALINEO_SANDBOX == "local" or host.startswith(("unix://", "npipe://")):
+        return []
+    name = urlsplit(host).hostname or ""
+    if name in ("127.0.0.1", "localhost", "::1"):
+        return []
+    return [Warning(
+        "DOCKER_HOST=%s is an engine on another machine." % host,
+        hint="A worker talks to each bridge through a unix socket in a run directory it "
+        "bind-mounts from its own machine, so it must drive an engine on that machine (a unix "
+        "socket, or tcp://127.0.0.1). Run a worker on the engine's machine instead "
+        "(docs/DEPLOYMENT.md, Sandbox hosts).",
+        id="alineo.W005",
+    )]

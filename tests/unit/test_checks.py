@@ -85,3 +85,13 @@ def test_an_unknown_sandbox_choice_is_an_error():
 def test_snapshot_interval_below_one_is_an_error(every):
     with override_settings(ALINEO_SNAPSHOT_EVERY=every):
         assert "alineo.E003" in alineo_ids()
+
+
+@pytest.mark.parametrize("docker_host, warns", [
+    ("", False), ("unix:///run/docker.sock", False), ("tcp://127.0.0.1:2375", False),
+    ("tcp://10.1.2.3:2376", True), ("ssh://ops@builder", True),
+])
+def test_a_docker_host_on_another_machine_warns(monkeypatch, docker_host, warns):
+    monkeypatch.setenv("DOCKER_HOST", docker_host)
+    with override_settings(ALINEO_SANDBOX="docker"):
+        assert ("alineo.W005" in alineo_ids()) is warns
