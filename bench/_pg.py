@@ -173,6 +173,23 @@ def version(url: str) -> str:
     return f"PostgreSQL {full.split()[0]} (fsync={fsync}, synchronous_commit={sync})"
 
 
+def main_sqlite_then_pg(doc: str, script: Path, measure, skipped_row: str, timeout: float) -> int:
+    """A bench's main() that measures on SQLite here, then on PostgreSQL in a
+    child process (settings read DATABASE_URL at import): ``measure(args,
+    url_or_None)`` gives the rows; a missing PostgreSQL gives one skipped row."""
+    from bench import _common as C
+
+    args = C.parser(doc.splitlines()[0]).parse_args()
+    if args.pg_child:
+        C.emit(measure(args, args.pg_child), args)
+        return 0
+    rows = measure(args, None)
+    pg_rows, why = run_child(script, ["--quick"] if args.quick else [], timeout=timeout)
+    rows += pg_rows or [C.row(skipped_row, "skipped", "-", None, "-", "info", note=why)]
+    C.emit(rows, args)
+    return 0
+
+
 def run_child(script: Path, args: list[str], timeout: float) -> tuple[list[dict] | None, str]:
     """Run `script --pg-child URL …` against a scratch database on a server
     (bench/run's, or one started here). Returns (rows, reason-if-none)."""

@@ -222,17 +222,9 @@ def measure(args, database_url: str | None) -> list[dict]:
 
 
 def main() -> int:
-    args = C.parser(__doc__.splitlines()[0]).parse_args()
-    if args.pg_child:
-        C.emit(measure(args, args.pg_child), args)
-        return 0
-    rows = measure(args, None)
     from bench import _pg
 
-    pg_rows, why = _pg.run_child(Path(__file__).resolve(), ["--quick"] if args.quick else [], timeout=400)
-    rows += pg_rows or [C.row("storage PostgreSQL: bytes/event", "skipped", "-", None, "-", "info", note=why)]
-    C.emit(rows, args)
-    return 0
+    return _pg.main_sqlite_then_pg(__doc__, Path(__file__).resolve(), measure, "storage PostgreSQL: bytes/event", timeout=400)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,25 @@ def _parent_dir() -> Path:
     return parent
 
 
+def stop_process(proc: subprocess.Popen | None, timeout: float = 10.0) -> None:
+    """SIGTERM a process we started (by its PID), SIGKILL if it does not go."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout)
+
+
+def read_log(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
 def server_command(port: int) -> list[str]:
     if (ROOT / "sessions" / "management" / "commands" / "serve.py").exists():
         return [PYTHON, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(port)]
@@ -121,14 +140,7 @@ class LiveServer:
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM by PID, SIGKILL if it does not go."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout)
+        stop_process(proc, timeout)
 
     def kill(self) -> None:
         """SIGKILL by PID: a crash, no shutdown code runs."""

@@ -4,8 +4,8 @@ processes on one database and one channel layer.
 These tests need both services. Without them they are skipped with a loud
 reason — and under CI=true they FAIL instead, so CI can never pass without
 running them. `make test` brings the services up as root (.ci/services-up) and
-runs them in its PostgreSQL pass (ALINEO_TEST_PASS=postgresql; its SQLite pass
-sets ALINEO_TEST_PASS=sqlite and skips them quietly); by hand:
+runs them in its PostgreSQL pass only (ALINEO_TEST_PASS=postgresql; its SQLite
+pass leaves tests/scaleout out); by hand:
 
     eval "$(sudo bash .ci/services-up)"     # DATABASE_URL=… REDIS_URL=…
     DATABASE_URL=… REDIS_URL=… .venv/bin/python -m pytest tests/scaleout
@@ -17,7 +17,6 @@ wake-ups, no worker) on the test database and the same Redis.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.engines import database_env
-from tests.live import _answers, free_port
+from tests.live import _answers, free_port, read_log, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,11 +64,7 @@ def _redis_answers() -> str | None:
 def _scaleout_services():
     gone = _missing()
     if gone:
-        # `make test` runs the suite twice and sets ALINEO_TEST_PASS: these run
-        # in its PostgreSQL pass, not in its SQLite pass.
         test_pass = os.environ.get("ALINEO_TEST_PASS", "")
-        if test_pass == "sqlite":
-            pytest.skip("scale-out tests run in `make test`'s PostgreSQL + Redis pass")
         why = (f"SCALE-OUT TESTS NOT RUN: they need {' and '.join(gone)} "
                "(as root: `bash .ci/services-up` prints both)")
         if _ci() or test_pass == "postgresql":
@@ -118,20 +113,10 @@ class WebProcess:
 
     def stop(self, timeout: float = 10.0) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout)
+        stop_process(proc, timeout)
 
     def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
+        return read_log(self.log_path)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ on the test database and REDIS_URL, and a small JSON API client."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 from tests.engines import database_env
+from tests.live import read_log, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE_S = 6  # the shortest the system check allows is 5
@@ -50,19 +50,10 @@ class WorkerProcess:
         self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc, 20)
 
     def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
+        return read_log(self.log_path)
 
 
 class Api:

@@ -19,7 +19,7 @@ import pytest
 
 from sessions.models import AgentLease, Event
 from tests.engines import database_env
-from tests.live import _answers, free_port
+from tests.live import _answers, free_port, stop_process
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -142,14 +142,7 @@ def test_the_documented_shape_runs(tmp_path, owner, owner_token):
         assert changes[-1]["worker"] != first and changes[-1]["epoch"] == 2
     finally:
         for _argv, proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for _argv, proc in procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+            stop_process(proc, 20)
 
 
 def _wait_ready(ports, procs, tmp_path, timeout: float = 60) -> None:
