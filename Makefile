@@ -45,7 +45,7 @@ migrate: setup
 # only warns: the server still serves, and the local backend does not need it.
 run: migrate
 	$(PY) manage.py ensure_admin
-	if [ "$${ALINEO_SANDBOX:-auto}" != local ] && [ -f sandboxes/management/commands/build_base_image.py ] \
+	if [ "$${ALINEO_SANDBOX:-auto}" != local ] \
 	   && command -v docker >/dev/null && docker info >/dev/null 2>&1; then \
 	  $(PY) manage.py build_base_image || echo "warning: the sandbox base image was not built (see above)" >&2; \
 	fi
@@ -83,6 +83,8 @@ test: setup
 	case "$${CI:-}" in 1|true|TRUE|True|yes) ci=1 ;; *) ci="" ;; esac; \
 	want_pg=$${ALINEO_TEST_PG:-auto}; \
 	loud() { printf '\n%s\n%s\n%s\n\n' "=================================================================" "$$*" "=================================================================" >&2; }; \
+	echo "== make test: the layers (lint-imports, [tool.importlinter] in pyproject.toml)"; \
+	$(VENV)/bin/lint-imports --no-cache || exit $$?; \
 	echo "== make test, pass 1/2: SQLite + in-memory channel layer: pytest $(PYTEST_ARGS)"; \
 	sqlite_status=0; \
 	mkdir -p "$$data_dir/sqlite"; \

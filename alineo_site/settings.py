@@ -1,5 +1,9 @@
 """Alineo settings: everything comes from environment variables with defaults
-that work on a fresh clone (SQLite under ALINEO_DATA_DIR, in-memory channel layer)."""
+that work on a fresh clone (SQLite under ALINEO_DATA_DIR, in-memory channel
+layer). This is the only module that reads the environment for the server;
+a value that cannot be what its variable means stops the start with an error
+naming it, and a misspelt ALINEO_* name is refused by the system check
+alineo.E005 (sessions/checks.py)."""
 
 from __future__ import annotations
 
@@ -7,28 +11,65 @@ import os
 import secrets
 from pathlib import Path
 
+from django.core.exceptions import ImproperlyConfigured
+
 BASE_DIR = Path(__file__).resolve().parent.parent
+TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+#: Every ALINEO_* variable the server reads (the check alineo.E005 compares against it).
+KNOWN_ENV: set[str] = set()
+
+
+def _raw(name: str) -> str:
+    if name.startswith("ALINEO_"):
+        KNOWN_ENV.add(name)
+    return os.environ.get(name, "").strip()
 
 
 def envbool(name: str, default: bool = False) -> bool:
-    value = os.environ.get(name)
-    if value is None or value == "":
+    value = _raw(name).lower()
+    if not value:
         return default
-    return value.strip().lower() in {"1", "true", "yes", "on"}
+    if value not in TRUE + FALSE:
+        raise ImproperlyConfigured(f"{name}={os.environ[name]!r}: use one of {', '.join(TRUE + FALSE)}")
+    return value in TRUE
 
 
 def envint(name: str, default: int) -> int:
-    value = os.environ.get(name, "")
-    return int(value) if value.strip() else default
+    value = _raw(name)
+    try:
+        return int(value) if value else default
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a whole number") from None
 
 
 def envfloat(name: str, default: float) -> float:
-    value = os.environ.get(name, "")
-    return float(value) if value.strip() else default
+    value = _raw(name)
+    try:
+        return float(value) if value else default
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a number") from None
 
 
 def envstr(name: str, default: str = "") -> str:
-    return os.environ.get(name, "") or default
+    return _raw(name) or default
+
+
+def envchoice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = envstr(name, default).lower()
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name}={value!r}: choose one of {', '.join(choices)}")
+    return value
+
+
+def envlabels(name: str) -> dict[str, str]:
+    """"k=v,k2=v2" as a dict; an item without "=" is refused."""
+    out = {}
+    for item in filter(None, (i.strip() for i in envstr(name).split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ImproperlyConfigured(f"{name}: {item!r} is not key=value")
+        out[key.strip()] = value.strip()
+    return out
 
 
 DATA_DIR = Path(envstr("ALINEO_DATA_DIR", str(BASE_DIR / "var"))).resolve()
@@ -38,8 +79,8 @@ DATA_DIR.mkdir(parents=True, exist_ok=True)
 def _secret_key() -> str:
     """Read SECRET_KEY from the environment, else from a file in the data dir
     made on first start, so sessions survive restarts without any setup."""
-    if os.environ.get("SECRET_KEY"):
-        return os.environ["SECRET_KEY"]
+    if envstr("SECRET_KEY"):
+        return envstr("SECRET_KEY")
     path = DATA_DIR / "secret_key"
     try:
         return path.read_text().strip()
@@ -67,10 +108,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     # Before channels: its `runworker` command replaces channels' own.
-    "sandboxes.apps.SandboxesConfig",
+    "sessions.apps.AgentSessionsConfig",
     "channels",
     "django_htmx",
-    "sessions.apps.AgentSessionsConfig",
 ]
 
 MIDDLEWARE = [
@@ -178,7 +218,23 @@ LOGGING = {
 }
 
 # --- Alineo -------------------------------------------------------------------
-ALINEO_SANDBOX = envstr("ALINEO_SANDBOX", "auto")  # auto | docker | local
+ALINEO_SANDBOX = envchoice("ALINEO_SANDBOX", "auto", ("auto", "docker", "local"))
+# Labels put on every sandbox, "k=v,k2=v2" (tests use them to clean up).
+ALINEO_SANDBOX_LABELS = envlabels("ALINEO_SANDBOX_LABELS")
+# The Docker engine (docker-py reads it too); "" is the engine's default socket.
+DOCKER_HOST = envstr("DOCKER_HOST")
+# A root control plane on the engine's machine tars a container's home from the
+# host side (sandboxes/backends/docker.py); 0 always execs tar in the container.
+ALINEO_DOCKER_HOST_TAR = envbool("ALINEO_DOCKER_HOST_TAR", True)
+# The Debian mirror the base image is built from (default: this machine's apt sources).
+ALINEO_DEBIAN_MIRROR = envstr("ALINEO_DEBIAN_MIRROR").rstrip("/")
+ALINEO_DEBIAN_SECURITY_MIRROR = envstr("ALINEO_DEBIAN_SECURITY_MIRROR").rstrip("/")
+# The port `manage.py serve` listens on without --port.
+PORT = envint("PORT", 8000)
+# `manage.py ensure_admin`: the first admin's password (else one is generated and printed once).
+ALINEO_ADMIN_PASSWORD = envstr("ALINEO_ADMIN_PASSWORD")
+# Names this worker in leases (default: machine, pid and start time, sessions/leases.py).
+ALINEO_WORKER_ID = envstr("ALINEO_WORKER_ID")[:200]
 # Worker processes sharing this deployment. Several on the in-memory layer is a
 # misconfiguration that a system check reports.
 ALINEO_WORKERS = envint("ALINEO_WORKERS", 1)

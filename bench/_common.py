@@ -21,6 +21,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+# The sandbox runtime reads the deployment's settings (sandboxes/config.py):
+# benches that drive it directly, before or without setup_django(), need them too.
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "alineo_site.settings")
 
 PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
 
@@ -33,7 +36,7 @@ PARENT_DATA_DIR = os.environ.get("ALINEO_DATA_DIR") or None
 # What a live server adds below its data dir to reach a bridge socket
 # (tests/live.py's live/srv-XXXXXXXX, then run/<agent id>/bridge.sock).
 SOCKET_TAIL = len("/live/srv-xxxxxxxx/run/ag_0123456789abcdef/bridge.sock")
-AF_UNIX_MAX = 107
+from sandboxes.bridge.protocol import MAX_SOCKET_PATH as AF_UNIX_MAX  # noqa: E402
 
 
 def make_data_dir(prefix: str, sockets: bool = False) -> Path:
@@ -85,8 +88,7 @@ def make_agents(n: int, workspace_name: str = "bench") -> list[str]:
     return [Agent.objects.create(workspace=ws, spec={"model": "demo"}).id for _ in range(n)]
 
 
-# A turn as the bridge reports it: ~170-byte JSON rows on average, the shape
-# the SQLite notes measured (BRIEF 6).
+# A turn as the bridge reports it: ~170-byte JSON rows on average.
 _TURN = [
     ("turn.started", {"turn": 0}),
     ("message.user", {"text": "run: pytest -q tests/unit and fix whatever fails in the journal module"}),

@@ -87,51 +87,78 @@ def server():
     bindir = _bindir()
     if bindir is None:
         raise NoPostgres("no PostgreSQL: neither ALINEO_BENCH_DATABASE_URL/DATABASE_URL is set nor initdb installed")
-    user = _run_as()
-    base = Path(tempfile.mkdtemp(prefix="alineo-bench-pg-", dir="/tmp" if Path("/tmp").is_dir() else None))
-    kw: dict = {}
-    if user is not None:
-        os.chown(base, user.pw_uid, user.pw_gid)
-        kw = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
-    password = secrets.token_hex(16)
-    pwfile = base / "pw"
-    pwfile.write_text(password + "\n")
-    if user is not None:
-        os.chown(pwfile, user.pw_uid, user.pw_gid)
-    data, log, sock = base / "data", base / "log", base / "sock"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-    env.update(LC_ALL="C.UTF-8", LANG="C.UTF-8", HOME=str(base))
-    started = False
+    with _throwaway_cluster(bindir, _run_as()) as found:
+        yield found
+
+
+@contextlib.contextmanager
+def _throwaway_cluster(bindir: Path, user: pwd.struct_passwd | None):
+    """Yields (admin URL, description) of a cluster that is stopped and removed at the end."""
+    cluster = _Cluster(bindir, user)
     try:
-        sock.mkdir()
+        cluster.init()
+        port = cluster.start()
+        how = f"a throwaway cluster on 127.0.0.1:{port}{' run as ' + user.pw_name if user else ''}"
+        yield f"postgresql://postgres:{quote(cluster.password)}@127.0.0.1:{port}/postgres", how
+    finally:
+        cluster.stop()
+
+
+class _Cluster:
+    """A PostgreSQL cluster in a temp dir, its files owned by (and its tools run
+    as) `user` when there is one."""
+
+    def __init__(self, bindir: Path, user: pwd.struct_passwd | None):
+        self.bindir, self.user = bindir, user
+        self.base = Path(tempfile.mkdtemp(prefix="alineo-bench-pg-", dir="/tmp" if Path("/tmp").is_dir() else None))
+        self.as_user: dict = {}
         if user is not None:
-            os.chown(sock, user.pw_uid, user.pw_gid)
-        r = subprocess.run([str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-E", "UTF8",
-                            "--auth=scram-sha-256", f"--pwfile={pwfile}", "--no-sync"],
-                           capture_output=True, text=True, env=env, cwd=base, timeout=120, check=False, **kw)
+            self.as_user = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+        self._own(self.base)
+        self.password = secrets.token_hex(16)
+        self.pwfile = self.base / "pw"
+        self.pwfile.write_text(self.password + "\n")
+        self._own(self.pwfile)
+        self.data, self.log, self.sock = self.base / "data", self.base / "log", self.base / "sock"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        self.env.update(LC_ALL="C.UTF-8", LANG="C.UTF-8", HOME=str(self.base))
+        self.started = False
+
+    def _own(self, path: Path) -> None:
+        if self.user is not None:
+            os.chown(path, self.user.pw_uid, self.user.pw_gid)
+
+    def _run(self, tool: str, args: list[str], timeout: float) -> subprocess.CompletedProcess:
+        return subprocess.run([str(self.bindir / tool), *args], capture_output=True, text=True, env=self.env,
+                              cwd=self.base, timeout=timeout, check=False, **self.as_user)
+
+    def init(self) -> None:
+        self.sock.mkdir()
+        self._own(self.sock)
+        r = self._run("initdb", ["-D", str(self.data), "-U", "postgres", "-E", "UTF8", "--auth=scram-sha-256",
+                                 f"--pwfile={self.pwfile}", "--no-sync"], timeout=120)
         if r.returncode != 0:
             raise NoPostgres(f"initdb failed: {(r.stderr or r.stdout).strip()[-300:]}")
+
+    def start(self) -> int:
+        """Start on a free port (three tries: another process may take the port first). Returns it."""
         for _ in range(3):
             port = _free_port()
-            with open(data / "postgresql.conf", "a") as fh:
+            with open(self.data / "postgresql.conf", "a") as fh:
                 fh.write(f"\n# alineo bench\nlisten_addresses = '127.0.0.1'\nport = {port}\n"
-                         f"unix_socket_directories = '{sock}'\nmax_connections = 200\n")
-            r = subprocess.run([str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "60",
-                                "start"], capture_output=True, text=True, env=env, cwd=base, timeout=90, check=False,
-                               **kw)
+                         f"unix_socket_directories = '{self.sock}'\nmax_connections = 200\n")
+            r = self._run("pg_ctl", ["-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start"],
+                          timeout=90)
             if r.returncode == 0:
-                started = True
-                break
-        if not started:
-            tail = log.read_text()[-500:] if log.exists() else r.stderr
-            raise NoPostgres(f"pg_ctl start failed: {tail.strip()}")
-        how = f"a throwaway cluster on 127.0.0.1:{port}{' run as ' + user.pw_name if user else ''}"
-        yield f"postgresql://postgres:{quote(password)}@127.0.0.1:{port}/postgres", how
-    finally:
-        if started:
-            subprocess.run([str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "-t", "60", "stop"],
-                           capture_output=True, text=True, env=env, cwd=base, timeout=90, check=False, **kw)
-        shutil.rmtree(base, ignore_errors=True)
+                self.started = True
+                return port
+        tail = self.log.read_text()[-500:] if self.log.exists() else r.stderr
+        raise NoPostgres(f"pg_ctl start failed: {tail.strip()}")
+
+    def stop(self) -> None:
+        if self.started:
+            self._run("pg_ctl", ["-D", str(self.data), "-m", "fast", "-w", "-t", "60", "stop"], timeout=90)
+        shutil.rmtree(self.base, ignore_errors=True)
 
 
 def _with_db(url: str, dbname: str) -> str:

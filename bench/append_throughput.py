@@ -31,6 +31,7 @@ from __future__ import annotations
 import sqlite3
 import sys
 import threading
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -135,6 +136,19 @@ def raw_batched(db, writer: RawWriter, total: int, batch: int | list[int]) -> fl
     return sum(sizes) / dt
 
 
+def race(work, barrier: threading.Barrier) -> float:
+    """THREADS threads run work(i), released together once all wait at the
+    barrier (of THREADS + 1); the seconds from the release until all are done."""
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = C.now()
+    for t in threads:
+        t.join()
+    return C.now() - t0
+
+
 def raw_threads_singles(db, writers: list[RawWriter], per_thread: int) -> float:
     """THREADS threads, one row per transaction each (no group commit). rows/s."""
     conns = [db.connect() for _ in range(THREADS)]
@@ -155,14 +169,7 @@ def raw_threads_singles(db, writers: list[RawWriter], per_thread: int) -> float:
         except BaseException as exc:  # pragma: no cover - reported
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(THREADS)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    t0 = C.now()
-    for t in threads:
-        t.join()
-    dt = C.now() - t0
+    dt = race(work, barrier)
     for c in conns:
         c.close()
     if errors:
@@ -191,25 +198,11 @@ def journal_threads_singles(agent_ids: list[str], per_thread: int, batch_sizes: 
         finally:
             connection.close()
 
-    committer = journal._committer
-    original = committer._commit
-
-    def counting(batch):
-        batch_sizes.append(sum(len(r.items) for r in batch))
-        return original(batch)
-
-    committer._commit = counting
+    journal.committer.on_batch = batch_sizes.append
     try:
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(THREADS)]
-        for t in threads:
-            t.start()
-        barrier.wait()
-        t0 = C.now()
-        for t in threads:
-            t.join()
-        dt = C.now() - t0
+        dt = race(work, barrier)
     finally:
-        del committer._commit
+        journal.committer.on_batch = None
     if errors:
         raise errors[0]
     return THREADS * per_thread / dt
@@ -245,6 +238,87 @@ def many_interleaved(agent_id: str, db, writer: RawWriter, total: int, batch: in
     return n * batch / tj, n * batch / tr
 
 
+def pg_raw(database_url: str):
+    """The raw side for PostgreSQL, once the server is known to commit durably."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SHOW synchronous_commit")
+        sync = cur.fetchone()[0]
+        cur.execute("SHOW fsync")
+        fsync = cur.fetchone()[0]
+    assert sync == "on" and fsync == "on", f"synchronous_commit={sync} fsync={fsync}: expected on / on"
+    return PgRaw(database_url), "PostgreSQL", "synchronous_commit=on"
+
+
+def sqlite_raw():
+    """The raw side for the SQLite file, once Django's connection is known to run at the PRAGMAs it copies."""
+    from django.conf import settings
+    from django.db import connection
+
+    with connection.cursor() as cur:  # the settings we compare at
+        cur.execute("PRAGMA journal_mode")
+        jm = cur.fetchone()[0]
+        cur.execute("PRAGMA synchronous")
+        sync = cur.fetchone()[0]
+    assert jm == "wal" and sync == 2, f"journal_mode={jm} synchronous={sync}: expected wal / 2 (FULL)"
+    return SqliteRaw(str(settings.DATABASES["default"]["NAME"])), "SQLite", "FULL"
+
+
+class Subjects:
+    """The agents each side writes to: the journal's, and the raw driver's own."""
+
+    def __init__(self, db):
+        self.journal = C.make_agents(AGENTS)
+        self.raw_singles = [RawWriter(db, a) for a in C.make_agents(AGENTS)]
+        self.many = C.make_agents(1)[0]
+        self.raw_many = RawWriter(db, C.make_agents(1)[0])
+        self.raw_8 = RawWriter(db, C.make_agents(1)[0])
+        self.raw_same = RawWriter(db, C.make_agents(1)[0])
+
+
+@dataclass
+class Runs:
+    """rows/s of every repetition, per case (and the batch sizes the committer formed)."""
+
+    journal_singles: list[float] = field(default_factory=list)
+    raw_same_txns: list[float] = field(default_factory=list)
+    raw_8_per_txn: list[float] = field(default_factory=list)
+    raw_1_per_txn: list[float] = field(default_factory=list)
+    journal_many_100: list[float] = field(default_factory=list)
+    raw_100_per_txn: list[float] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+def repeat(db, who: Subjects, reps: int, per_thread: int, many_total: int) -> Runs:
+    runs = Runs()
+    # warm-up (page cache, first connection) — not measured
+    many_interleaved(who.many, db, who.raw_many, 200, 100, 0)
+    many_seq = 200
+    for _ in range(reps):
+        batch_sizes: list[int] = []
+        runs.journal_singles.append(journal_threads_singles(who.journal, per_thread, batch_sizes))
+        runs.batch_sizes.extend(batch_sizes)
+        runs.raw_same_txns.append(raw_batched(db, who.raw_same, 0, batch_sizes))
+        runs.raw_8_per_txn.append(raw_batched(db, who.raw_8, THREADS * per_thread, THREADS))
+        runs.raw_1_per_txn.append(raw_threads_singles(db, who.raw_singles, max(25, per_thread // 3)))  # info only: keep it short
+        jm, rm = many_interleaved(who.many, db, who.raw_many, many_total, 100, many_seq)
+        many_seq += many_total
+        runs.journal_many_100.append(jm)
+        runs.raw_100_per_txn.append(rm)
+    return runs
+
+
+def assert_gapless(agent_ids: list[str]) -> None:
+    """The journal's transcripts have as many rows as their head seq."""
+    from sessions.models import Agent, Event
+
+    for a in agent_ids:
+        head = Agent.objects.get(pk=a).last_seq
+        n = Event.objects.filter(agent_id=a).count()
+        assert head == n, f"{a}: head {head} != {n} rows"
+
+
 def measure(args, database_url: str | None) -> list[dict]:
     """Every row for one database: SQLite in a temp file, or PostgreSQL at database_url."""
     reps = 3 if args.quick else 5
@@ -254,99 +328,56 @@ def measure(args, database_url: str | None) -> list[dict]:
     data_dir = C.make_data_dir("append")
     try:
         C.setup_django(data_dir, database_url)
-        from django.conf import settings
         from django.db import connection
 
-        if database_url:
-            db = PgRaw(database_url)
-            with connection.cursor() as cur:
-                cur.execute("SHOW synchronous_commit")
-                sync = cur.fetchone()[0]
-                cur.execute("SHOW fsync")
-                fsync = cur.fetchone()[0]
-            assert sync == "on" and fsync == "on", f"synchronous_commit={sync} fsync={fsync}: expected on / on"
-            label, durable = "PostgreSQL", "synchronous_commit=on"
-        else:
-            db = SqliteRaw(str(settings.DATABASES["default"]["NAME"]))
-            with connection.cursor() as cur:  # the settings we compare at
-                cur.execute("PRAGMA journal_mode")
-                jm = cur.fetchone()[0]
-                cur.execute("PRAGMA synchronous")
-                sync = cur.fetchone()[0]
-            assert jm == "wal" and sync == 2, f"journal_mode={jm} synchronous={sync}: expected wal / 2 (FULL)"
-            label, durable = "SQLite", "FULL"
-
-        j_agents = C.make_agents(AGENTS)
-        r_agents = C.make_agents(AGENTS)
-        many_agent = C.make_agents(1)[0]
-        raw_many_agent = C.make_agents(1)[0]
-        raw_writers = [RawWriter(db, a) for a in r_agents]
-        raw_many = RawWriter(db, raw_many_agent)
-        raw_b8 = RawWriter(db, C.make_agents(1)[0])
-        raw_same = RawWriter(db, C.make_agents(1)[0])
-
-        j1, rs, r8, r1, all_sizes = [], [], [], [], []
-        jm_, rm_ = [], []
-        many_seq = 0
-        # warm-up (page cache, first connection) — not measured
-        many_interleaved(many_agent, db, raw_many, 200, 100, many_seq)
-        many_seq += 200
-        for _ in range(reps):
-            batch_sizes: list[int] = []
-            j1.append(journal_threads_singles(j_agents, per_thread, batch_sizes))
-            all_sizes.extend(batch_sizes)
-            rs.append(raw_batched(db, raw_same, 0, batch_sizes))
-            r8.append(raw_batched(db, raw_b8, THREADS * per_thread, THREADS))
-            r1.append(raw_threads_singles(db, raw_writers, max(25, per_thread // 3)))  # info only: keep it short
-            jm, rm = many_interleaved(many_agent, db, raw_many, many_total, 100, many_seq)
-            many_seq += many_total
-            jm_.append(jm)
-            rm_.append(rm)
+        db, label, durable = pg_raw(database_url) if database_url else sqlite_raw()
+        who = Subjects(db)
+        runs = repeat(db, who, reps, per_thread, many_total)
         connection.close()
-
-        # sanity: the journal's transcripts are gapless
-        from sessions.models import Agent, Event
-
-        for a in j_agents + [many_agent]:
-            head = Agent.objects.get(pk=a).last_seq
-            n = Event.objects.filter(agent_id=a).count()
-            assert head == n, f"{a}: head {head} != {n} rows"
+        assert_gapless(who.journal + [who.many])
         connection.close()
-
-        mean_batch = sum(all_sizes) / len(all_sizes)
-        j1m, rsm, r8m, r1m, jmm, rmm = map(C.median, (j1, rs, r8, r1, jm_, rm_))
-        # Ratios are medians of per-repetition ratios (each journal run against
-        # the raw run right after it), which cancels most of a noisy disk's drift.
-        def ratio(a, b):
-            return C.median([x / y for x, y in zip(a, b)])
-
-        runs = lambda xs: ", ".join(f"{x:,.0f}" for x in xs)  # noqa: E731
-        driver = "psycopg" if database_url else "sqlite3"
-        return [
-            C.row(
-                f"append {label}: 8 threads x append(1 fact), {durable}",
-                j1m, rsm, ratio(j1, rs), f">= {TARGET}x raw, same txns", ratio(j1, rs) >= TARGET, "rows/s",
-                f"medians of {reps}; journal runs {runs(j1)}; committer formed {mean_batch:.1f} rows/commit "
-                f"on average; raw {driver} executemany in the same batch sizes: {runs(rs)}",
-            ),
-            C.row(
-                f"append {label}: same, vs raw 8 rows/txn (ideal)",
-                j1m, r8m, ratio(j1, r8), "info", "info", "rows/s",
-                f"raw {driver} executemany, 8 rows per transaction, one thread: {runs(r8)}",
-            ),
-            C.row(
-                f"append {label}: group commit vs raw 1 row/txn, 8 threads",
-                j1m, r1m, ratio(j1, r1), "info (> 1x)", "info", "rows/s",
-                f"raw {driver}, 8 threads, one row per transaction: {runs(r1)}",
-            ),
-            C.row(
-                f"append {label}: append_many(100), {durable}",
-                jmm, rmm, ratio(jm_, rm_), f">= {TARGET}x raw 100/txn", ratio(jm_, rm_) >= TARGET, "rows/s",
-                f"journal runs {runs(jm_)}; raw {driver} 100 rows/txn runs {runs(rm_)}",
-            ),
-        ]
+        return result_rows(runs, reps, label, durable, "psycopg" if database_url else "sqlite3")
     finally:
         C.cleanup(data_dir)
+
+
+def listed(xs) -> str:
+    return ", ".join(f"{x:,.0f}" for x in xs)
+
+
+def result_rows(runs: Runs, reps: int, label: str, durable: str, driver: str) -> list[dict]:
+    j1, rs, r8, r1 = runs.journal_singles, runs.raw_same_txns, runs.raw_8_per_txn, runs.raw_1_per_txn
+    jm_, rm_ = runs.journal_many_100, runs.raw_100_per_txn
+    mean_batch = sum(runs.batch_sizes) / len(runs.batch_sizes)
+    j1m, rsm, r8m, r1m, jmm, rmm = map(C.median, (j1, rs, r8, r1, jm_, rm_))
+    # Ratios are medians of per-repetition ratios (each journal run against
+    # the raw run right after it), which cancels most of a noisy disk's drift.
+    def ratio(a, b):
+        return C.median([x / y for x, y in zip(a, b)])
+
+    return [
+        C.row(
+            f"append {label}: 8 threads x append(1 fact), {durable}",
+            j1m, rsm, ratio(j1, rs), f">= {TARGET}x raw, same txns", ratio(j1, rs) >= TARGET, "rows/s",
+            f"medians of {reps}; journal runs {listed(j1)}; committer formed {mean_batch:.1f} rows/commit "
+            f"on average; raw {driver} executemany in the same batch sizes: {listed(rs)}",
+        ),
+        C.row(
+            f"append {label}: same, vs raw 8 rows/txn (ideal)",
+            j1m, r8m, ratio(j1, r8), "info", "info", "rows/s",
+            f"raw {driver} executemany, 8 rows per transaction, one thread: {listed(r8)}",
+        ),
+        C.row(
+            f"append {label}: group commit vs raw 1 row/txn, 8 threads",
+            j1m, r1m, ratio(j1, r1), "info (> 1x)", "info", "rows/s",
+            f"raw {driver}, 8 threads, one row per transaction: {listed(r1)}",
+        ),
+        C.row(
+            f"append {label}: append_many(100), {durable}",
+            jmm, rmm, ratio(jm_, rm_), f">= {TARGET}x raw 100/txn", ratio(jm_, rm_) >= TARGET, "rows/s",
+            f"journal runs {listed(jm_)}; raw {driver} 100 rows/txn runs {listed(rm_)}",
+        ),
+    ]
 
 
 def main() -> int:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Backup and restore of a deployment with 20 checkpointing agents (issue 6).
+"""Backup and restore of a deployment with 20 checkpointing agents.
 
 The data: 20 agents, each with a 700-fact transcript (100 turns), memory
 notes and 3 live turn checkpoints (the newest 3 are kept) of a ~4 MB home
@@ -99,6 +99,42 @@ def cp_a(src: Path, dest: Path) -> float:
     return C.now() - t0
 
 
+def timed_restore(bundle: Path, dst: Path) -> float:
+    """restore_bundle into the empty dir `dst`; its seconds."""
+    from sessions.backup import restore_bundle
+
+    t0 = C.now()
+    done = restore_bundle(bundle, images=False, data_dir=dst,
+                          database={"ENGINE": "django.db.backends.sqlite3",
+                                    "NAME": str(dst / "alineo.sqlite3")})
+    secs = C.now() - t0
+    assert done.rewritten == AGENTS * KEEP and done.marked_deleted == 0, done
+    return secs
+
+
+def repeat(work: Path, data_dir: Path, reps: int) -> tuple[dict[str, list[float]], Path]:
+    """Backup and restore, each with its cp -a, `reps` times. Returns the
+    seconds per side and the last bundle (kept for its size)."""
+    from sessions.backup import write_bundle
+
+    times: dict[str, list[float]] = {"backup": [], "restore": [], "cp data": [], "cp bundle": []}
+    for i in range(reps):
+        t0 = C.now()
+        bundle = write_bundle(work / "backups", images=False, data_dir=data_dir)
+        times["backup"].append(C.now() - t0)
+        times["cp data"].append(cp_a(data_dir, work / f"cp-data-{i}"))
+        shutil.rmtree(work / f"cp-data-{i}")
+        dst = work / f"restored-{i}"
+        dst.mkdir()
+        times["restore"].append(timed_restore(bundle, dst))
+        times["cp bundle"].append(cp_a(bundle, work / f"cp-bundle-{i}"))
+        shutil.rmtree(work / f"cp-bundle-{i}")
+        shutil.rmtree(dst)
+        if i < reps - 1:
+            shutil.rmtree(bundle)
+    return times, bundle
+
+
 def main() -> int:
     args = C.parser(__doc__.splitlines()[0]).parse_args()
     reps = 1 if args.quick else 5
@@ -109,59 +145,40 @@ def main() -> int:
         C.setup_django(data_dir)
         from django.db import connections
 
-        from sessions.backup import restore_bundle, write_bundle
-
         cp_bytes = populate(data_dir)
         connections.close_all()
-        backups = work / "backups"
-        b_times, r_times, cp_b, cp_r = [], [], [], []
-        bundle = None
-        for i in range(reps):
-            t0 = C.now()
-            bundle = write_bundle(backups, images=False, data_dir=data_dir)
-            b_times.append(C.now() - t0)
-            cp_b.append(cp_a(data_dir, work / f"cp-data-{i}"))
-            shutil.rmtree(work / f"cp-data-{i}")
-            dst = work / f"restored-{i}"
-            dst.mkdir()
-            t0 = C.now()
-            done = restore_bundle(bundle, images=False, data_dir=dst,
-                                  database={"ENGINE": "django.db.backends.sqlite3",
-                                            "NAME": str(dst / "alineo.sqlite3")})
-            r_times.append(C.now() - t0)
-            assert done.rewritten == AGENTS * KEEP and done.marked_deleted == 0, done
-            cp_r.append(cp_a(bundle, work / f"cp-bundle-{i}"))
-            shutil.rmtree(work / f"cp-bundle-{i}")
-            shutil.rmtree(dst)
-            if i < reps - 1:
-                shutil.rmtree(bundle)
-        size = du_mb(bundle)
-        b, r = C.median(b_times), C.median(r_times)
-        rows = [
-            C.row(f"backup: {AGENTS} agents, {AGENTS * KEEP} checkpoints", b, C.median(cp_b),
-                  b / C.median(cp_b), "< 10 s", b < 10, "s",
-                  f"online, hashed, fsynced; baseline = cp -a of the data dir; {reps} rep(s)"),
-            C.row(f"restore: {AGENTS} agents (verify + stage + swap)", r, C.median(cp_r),
-                  r / C.median(cp_r), "< 10 s", r < 10, "s", "baseline = cp -a of the bundle"),
-            C.row("backup bundle size", size, cp_bytes / 1e6, size / (cp_bytes / 1e6), "info", "info", "MB",
-                  f"baseline = the live checkpoint files alone; database {du_mb(bundle / 'database'):.1f} MB"),
-        ]
-        rows += image_row(work)
+        times, bundle = repeat(work, data_dir, reps)
+        rows = bundle_rows(times, bundle, cp_bytes, reps) + image_row(work)
     finally:
         C.cleanup(work)
     C.emit(rows, args)
     return 0
 
 
+def bundle_rows(times: dict[str, list[float]], bundle: Path, cp_bytes: int, reps: int) -> list[dict]:
+    b, r = C.median(times["backup"]), C.median(times["restore"])
+    cp_b, cp_r = C.median(times["cp data"]), C.median(times["cp bundle"])
+    size = du_mb(bundle)
+    return [
+        C.row(f"backup: {AGENTS} agents, {AGENTS * KEEP} checkpoints", b, cp_b,
+              b / cp_b, "< 10 s", b < 10, "s",
+              f"online, hashed, fsynced; baseline = cp -a of the data dir; {reps} rep(s)"),
+        C.row(f"restore: {AGENTS} agents (verify + stage + swap)", r, cp_r,
+              r / cp_r, "< 10 s", r < 10, "s", "baseline = cp -a of the bundle"),
+        C.row("backup bundle size", size, cp_bytes / 1e6, size / (cp_bytes / 1e6), "info", "info", "MB",
+              f"baseline = the live checkpoint files alone; database {du_mb(bundle / 'database'):.1f} MB"),
+    ]
+
+
 def image_row(work: Path) -> list[dict]:
-    from sandboxes.backends.base import docker_engine_answers
+    from sandboxes.backends import docker_engine_answers
 
     if not docker_engine_answers():
         return [C.row("backup images: docker save", "skipped", "-", None, "-", "info",
                       note="no Docker engine answers")]
-    from sandboxes.images import _docker_client, base_image_tag, image_present
+    from sandboxes.images import docker_client, base_image_tag, image_present
 
-    client = _docker_client()
+    client = docker_client()
     try:
         tag = base_image_tag()
         if not image_present(client, tag):

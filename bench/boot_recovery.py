@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Boot recovery of 50 docker agents: reattach after a control-plane kill -9,
-restore after `docker rm -f` of every container (issue 4's evidence).
+restore after `docker rm -f` of every container.
 
 One real server (tests/live.py's LiveServer: `manage.py serve`) with
 ALINEO_SANDBOX=docker. Through the JSON API the bench spawns 50 demo agents
@@ -193,25 +193,198 @@ def remove_labelled() -> int:
         client.close()
 
 
-def main() -> int:
-    p = C.parser(__doc__.splitlines()[0])
-    p.add_argument("--agents", type=int, default=50, help="how many agents (issue 4 asks for 50)")
-    args = p.parse_args()
-    n = args.agents
-    rows: list[dict] = []
-    from sandboxes.backends.base import docker_engine_answers
+def ready(evs: list[dict]) -> bool:
+    """Turn 1 finished and its checkpoint journaled."""
+    return first(evs, "turn.finished") is not None and first(evs, "agent.checkpointed") is not None
 
-    if not docker_engine_answers():
-        rows.append(C.row("boot recovery: docker", "skipped", "-", None, "-", "info",
-                          note="no Docker engine answers"))
-        C.emit(rows, args)
-        return 0
-    from sandboxes import images
 
-    images.ensure_base_image()
+def came_back(evs: list[dict]) -> bool:
+    """Any rung of the restore ladder taken, or the agent reported lost."""
+    return first(evs, "agent.restored") is not None or first(evs, "agent.lost") is not None
 
+
+def came_back_without_reattach(evs: list[dict]) -> bool:
+    """A rung other than reattach taken (the container is gone), or the agent reported lost."""
+    return any(e["type"] == "agent.lost" or (e["type"] == "agent.restored" and e["data"].get("rung") != "reattach")
+               for e in evs)
+
+
+def finished_turn(evs: list[dict]) -> bool:
+    return first(evs, "turn.finished") is not None
+
+
+def slowest(times: dict[str, float], n: int) -> tuple[float | None, float | str]:
+    """The slowest agent's seconds when all n made it (else None), and what
+    the row shows: those seconds, or how many of the n made it."""
+    total = max(times.values()) if len(times) == n else None
+    return total, total if total is not None else f"{len(times)}/{n}"
+
+
+def remove_containers(sids: list[str]) -> int:
+    """`docker rm -f` of them all in one CLI call; how many it removed."""
+    rm = subprocess.run(["docker", "rm", "-f", *sids], capture_output=True, text=True, timeout=180, check=False)
+    return len(rm.stdout.split())
+
+
+def median_row(label: str, times: dict[str, float]) -> dict:
+    return C.row(label, C.median(list(times.values())) if times else "none", "-", None, "info", "info", "s")
+
+
+class Recovery:
+    """The phases against one live server, each appending its rows: spawn,
+    reattach after kill -9, restore after docker rm -f, a prompt to each."""
+
+    def __init__(self, n: int, load: Load, deadline: float):
+        self.n, self.load, self.deadline = n, load, deadline
+        self.pool = ThreadPoolExecutor(4)
+        self.client: Client | None = None
+        self.agents: list[str] = []
+        self.seen: dict[str, list[dict]] = {}
+        self.sids: dict[str, str | None] = {}
+        self.rows: list[dict] = []
+
+    def run(self, live) -> None:
+        live.start()
+        actor = live.create_actor("bench")
+        self.client = Client(live.url, actor.auth)
+        self.spawn()
+        self.reattach(live)
+        self.restore()
+        self.answer()
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def wait(self, done, since: float, bound: float) -> dict[str, float]:
+        """wait_all() for every agent, until `bound` seconds after `since` (or the whole run's deadline)."""
+        return wait_all(self.client, self.agents, done, min(since + bound, self.deadline), self.pool, self.seen)
+
+    def skip_to_head(self) -> None:
+        """Move every cursor to the head: only facts after this point count."""
+        for a in self.agents:
+            self.client.new_events(a)
+            self.seen[a] = []
+
+    def restored_at(self, rung: str, since: float) -> dict[str, float]:
+        """agent -> seconds from `since` to its `agent.restored {rung}` fact's ts."""
+        return {a: parse_ts(e["ts"]) - since
+                for a in self.agents if (e := first(self.seen[a], "agent.restored", rung=rung))}
+
+    def other_facts(self, rung: str) -> list[tuple[str, str, str]]:
+        """(type, rung, reason) of every restored/lost fact that is not `rung`."""
+        return sorted({(e["type"], e["data"].get("rung", ""), e["data"].get("reason", ""))
+                       for a in self.agents for e in self.seen[a] if e["type"] in ("agent.restored", "agent.lost")
+                       and e["data"].get("rung") != rung})
+
+    def spawn(self) -> None:
+        """Spawn n agents, wait until every one finished turn 1 and checkpointed it."""
+        n = self.n
+        t_spawn = time.time()
+        self.agents = [self.client.spawn() for _ in range(n)]
+        for a in self.agents:
+            self.seen[a] = []
+        t_spawned = time.time()
+        done = self.wait(ready, t_spawn, SPAWN_S)
+        t_ready = time.time()
+        per_spawn = [parse_ts(first(self.seen[a], "agent.checkpointed")["ts"]) - t_spawn for a in done]
+        self.rows.append(C.row(
+            f"boot: spawn {n} docker agents -> turn 1 + checkpoint", max(per_spawn) if per_spawn else "none",
+            "-", None, "info", "info" if len(done) == n else False, "s",
+            note=(f"{len(done)}/{n} ready; {n} POSTs took {t_spawned - t_spawn:.1f} s; per agent (POST "
+                  f"of the first -> its agent.checkpointed) {spread(per_spawn)}; "
+                  f"machine: {self.load.between(t_spawn, t_ready)}")))
+        if len(done) < n:
+            raise RuntimeError(f"only {len(done)}/{n} agents finished turn 1 within the bound")
+        sandboxes = self.client.sandboxes()
+        self.sids = {a: sandboxes.get(a) for a in self.agents}
+        assert all(self.sids.values()), self.sids
+
+    def reattach(self, live) -> None:
+        """kill -9 the control plane, start it again: every agent reattached?"""
+        n = self.n
+        time.sleep(2)  # let the last checkpoints' facts settle
+        self.skip_to_head()
+        live.kill()
+        t_restart = time.time()
+        live.start()
+        answers_s = time.time() - t_restart
+        recovered = self.wait(came_back, t_restart, REATTACH_S)
+        t_end = time.time()
+        reattach = self.restored_at("reattach", t_restart)
+        total, shown = slowest(reattach, n)
+        self.rows.append(C.row(
+            f"boot: kill -9 -> all {n} reattached", shown,
+            answers_s, (total / answers_s) if total else None,
+            f"<= {TARGET_S:.0f} s", total is not None and total <= TARGET_S, "s",
+            note=(f"{len(reattach)}/{n} reattached (rung reattach, reason control_plane_restart); "
+                  f"per agent (restart -> its fact's ts) {spread(list(reattach.values()))}; "
+                  f"baseline = restart -> the server's first HTTP answer; "
+                  f"other rungs: {self.other_facts('reattach') or 'none'}; {len(recovered)}/{n} had a fact within "
+                  f"{REATTACH_S:.0f} s; machine: {self.load.between(t_restart, t_end)}")))
+        self.rows.append(median_row("boot: reattach, per-agent median", reattach))
+
+    def restore(self) -> None:
+        """docker rm -f every container: every agent restored from its checkpoint?"""
+        n = self.n
+        time.sleep(2)
+        self.skip_to_head()
+        t_rm = time.time()
+        removed = remove_containers(list(self.sids.values()))
+        rm_s = time.time() - t_rm
+        restored_any = self.wait(came_back_without_reattach, t_rm, RESTORE_S)
+        t_end = time.time()
+        restore = self.restored_at("restore", t_rm)
+        other = self.other_facts("restore")
+        new_sids = self.client.sandboxes()
+        moved = sum(1 for a in self.agents if new_sids.get(a) and new_sids[a] != self.sids[a])
+        total, shown = slowest(restore, n)
+        self.rows.append(C.row(
+            f"boot: docker rm -f {n} -> all restored", shown,
+            "-", None, "reported", "info" if total is not None else False, "s",
+            note=(f"{len(restore)}/{n} restored (rung restore) from their turn-1 checkpoint; "
+                  f"per agent (rm issued -> its fact's ts) {spread(list(restore.values()))}; "
+                  f"`docker rm -f` of {removed} containers took {rm_s:.1f} s; "
+                  f"{moved}/{n} agents now on a new sandbox id; other rungs/facts: {other or 'none'}; "
+                  f"{len(restored_any)}/{n} had a fact within {RESTORE_S:.0f} s; "
+                  f"machine: {self.load.between(t_rm, t_end)}")))
+        self.rows.append(median_row("boot: restore, per-agent median", restore))
+
+    def answer(self) -> None:
+        """The restored agents answer: a prompt to each reads a.txt back (not timed as a target)."""
+        n = self.n
+        self.skip_to_head()
+        t_prompt = time.time()
+        for a in self.agents:
+            r = self.client.http.post(f"/api/agents/{a}/prompt", json={"text": "run: cat a.txt"})
+            assert r.status_code == 202, r.text
+        answered = self.wait(finished_turn, t_prompt, 120)
+        kept = sum(1 for a in answered
+                   if any(e["type"] == "tool.result" and str(e["data"].get("output", "")).strip() == "x"
+                          for e in self.seen[a]))
+        per_turn = [parse_ts(first(self.seen[a], "turn.finished")["ts"]) - t_prompt for a in answered]
+        self.rows.append(C.row(
+            f"boot: restored agents answer a prompt ({n})", f"{len(answered)}/{n}", "-", None,
+            "all", len(answered) == n and kept == n,
+            note=(f"prompt 'run: cat a.txt' to each restored agent: {len(answered)}/{n} finished the "
+                  f"turn, {kept}/{n} read back the file written before the loss; per agent "
+                  f"(prompts issued -> turn.finished) {spread(per_turn)}")))
+
+
+def error_row(exc: Exception, log_tail: str) -> dict:
+    last = " | ".join(line.strip() for line in log_tail.strip().splitlines()[-4:])
+    return C.row("boot recovery", "error", "-", None, "-", False,
+                 note=f"{type(exc).__name__}: {exc}"[:500] + (f"; server log ends: {last[-600:]}" if last else ""))
+
+
+def running_containers() -> int:
+    return len(subprocess.run(["docker", "ps", "-q"], capture_output=True, text=True, check=False).stdout.split())
+
+
+def recover(n: int) -> list[dict]:
+    """The whole bench on a fresh data dir; its rows (an error is a row too). Cleans up after itself."""
     t_begin = time.time()
-    all_deadline = t_begin + ALL_S
     data_dir = C.make_data_dir("boot", sockets=True)
     os.environ["ALINEO_DATA_DIR"] = str(data_dir)  # LiveServer makes its dirs under here
     from tests.live import LiveServer
@@ -220,147 +393,21 @@ def main() -> int:
                            "ALINEO_LOG_LEVEL": "WARNING"}, startup_timeout=120)
     load = Load()
     load.start()
-    others = len(subprocess.run(["docker", "ps", "-q"], capture_output=True, text=True,
-                                check=False).stdout.split())
-    pool = ThreadPoolExecutor(4)
-    client = None
+    others = running_containers()
+    bench = Recovery(n, load, t_begin + ALL_S)
     log_tail = ""
     try:
-        live.start()
-        actor = live.create_actor("bench")
-        client = Client(live.url, actor.auth)
-        seen: dict[str, list[dict]] = {}
-
-        # 1. spawn n agents, wait until every one finished turn 1 and checkpointed it.
-        t_spawn = time.time()
-        agents = [client.spawn() for _ in range(n)]
-        for a in agents:
-            seen[a] = []
-        t_spawned = time.time()
-        ready = wait_all(
-            client, agents,
-            lambda evs: first(evs, "turn.finished") is not None and first(evs, "agent.checkpointed") is not None,
-            min(t_spawn + SPAWN_S, all_deadline), pool, seen)
-        t_ready = time.time()
-        per_spawn = [parse_ts(first(seen[a], "agent.checkpointed")["ts"]) - t_spawn for a in ready]
-        rows.append(C.row(
-            f"boot: spawn {n} docker agents -> turn 1 + checkpoint", max(per_spawn) if per_spawn else "none",
-            "-", None, "info", "info" if len(ready) == n else False, "s",
-            note=(f"{len(ready)}/{n} ready; {n} POSTs took {t_spawned - t_spawn:.1f} s; per agent (POST "
-                  f"of the first -> its agent.checkpointed) {spread(per_spawn)}; "
-                  f"machine: {load.between(t_spawn, t_ready)}")))
-        if len(ready) < n:
-            raise RuntimeError(f"only {len(ready)}/{n} agents finished turn 1 within the bound")
-        sandboxes = client.sandboxes()
-        sids = {a: sandboxes.get(a) for a in agents}
-        assert all(sids.values()), sids
-
-        # 2. kill -9 the control plane, start it again: every agent reattached?
-        time.sleep(2)  # let the last checkpoints' facts settle
-        for a in agents:  # the cursors move to the head: only facts after the restart count
-            client.new_events(a)
-            seen[a] = []
-        live.kill()
-        t_restart = time.time()
-        live.start()
-        t_answers = time.time()
-        recovered = wait_all(
-            client, agents,
-            lambda evs: first(evs, "agent.restored") is not None or first(evs, "agent.lost") is not None,
-            min(t_restart + REATTACH_S, all_deadline), pool, seen)
-        t_reattach_end = time.time()
-        reattach = {a: parse_ts(e["ts"]) - t_restart
-                    for a in agents if (e := first(seen[a], "agent.restored", rung="reattach"))}
-        other = sorted({(e["type"], e["data"].get("rung", ""), e["data"].get("reason", ""))
-                        for a in agents for e in seen[a] if e["type"] in ("agent.restored", "agent.lost")
-                        and e["data"].get("rung") != "reattach"})
-        total = max(reattach.values()) if len(reattach) == n else None
-        rows.append(C.row(
-            f"boot: kill -9 -> all {n} reattached", total if total is not None else f"{len(reattach)}/{n}",
-            t_answers - t_restart, (total / (t_answers - t_restart)) if total else None,
-            f"<= {TARGET_S:.0f} s", total is not None and total <= TARGET_S, "s",
-            note=(f"{len(reattach)}/{n} reattached (rung reattach, reason control_plane_restart); "
-                  f"per agent (restart -> its fact's ts) {spread(list(reattach.values()))}; "
-                  f"baseline = restart -> the server's first HTTP answer; "
-                  f"other rungs: {other or 'none'}; {len(recovered)}/{n} had a fact within "
-                  f"{REATTACH_S:.0f} s; machine: {load.between(t_restart, t_reattach_end)}")))
-        rows.append(C.row(
-            "boot: reattach, per-agent median", C.median(list(reattach.values())) if reattach else "none",
-            "-", None, "info", "info", "s"))
-
-        # 3. docker rm -f every container: every agent restored from its checkpoint?
-        time.sleep(2)
-        for a in agents:
-            client.new_events(a)
-            seen[a] = []
-        t_rm = time.time()
-        rm = subprocess.run(["docker", "rm", "-f", *sids.values()], capture_output=True, text=True,
-                            timeout=180, check=False)
-        t_rm_done = time.time()
-        removed = len(rm.stdout.split())
-        restored_any = wait_all(
-            client, agents,
-            lambda evs: any(e["type"] == "agent.lost" or (e["type"] == "agent.restored"
-                                                         and e["data"].get("rung") != "reattach")
-                            for e in evs),
-            min(t_rm + RESTORE_S, all_deadline), pool, seen)
-        t_restore_end = time.time()
-        restore = {a: parse_ts(e["ts"]) - t_rm
-                   for a in agents if (e := first(seen[a], "agent.restored", rung="restore"))}
-        other = sorted({(e["type"], e["data"].get("rung", ""), e["data"].get("reason", ""))
-                        for a in agents for e in seen[a] if e["type"] in ("agent.restored", "agent.lost")
-                        and e["data"].get("rung") != "restore"})
-        new_sids = client.sandboxes()
-        moved = sum(1 for a in agents if new_sids.get(a) and new_sids[a] != sids[a])
-        total = max(restore.values()) if len(restore) == n else None
-        rows.append(C.row(
-            f"boot: docker rm -f {n} -> all restored", total if total is not None else f"{len(restore)}/{n}",
-            "-", None, "reported", "info" if total is not None else False, "s",
-            note=(f"{len(restore)}/{n} restored (rung restore) from their turn-1 checkpoint; "
-                  f"per agent (rm issued -> its fact's ts) {spread(list(restore.values()))}; "
-                  f"`docker rm -f` of {removed} containers took {t_rm_done - t_rm:.1f} s; "
-                  f"{moved}/{n} agents now on a new sandbox id; other rungs/facts: {other or 'none'}; "
-                  f"{len(restored_any)}/{n} had a fact within {RESTORE_S:.0f} s; "
-                  f"machine: {load.between(t_rm, t_restore_end)}")))
-        rows.append(C.row(
-            "boot: restore, per-agent median", C.median(list(restore.values())) if restore else "none",
-            "-", None, "info", "info", "s"))
-
-        # 4. The restored agents answer: a prompt to each reads a.txt back (not timed as a target).
-        for a in agents:
-            client.new_events(a)
-            seen[a] = []
-        t_prompt = time.time()
-        for a in agents:
-            r = client.http.post(f"/api/agents/{a}/prompt", json={"text": "run: cat a.txt"})
-            assert r.status_code == 202, r.text
-        answered = wait_all(client, agents, lambda evs: first(evs, "turn.finished") is not None,
-                            min(t_prompt + 120, all_deadline), pool, seen)
-        kept = sum(1 for a in answered
-                   if any(e["type"] == "tool.result" and str(e["data"].get("output", "")).strip() == "x"
-                          for e in seen[a]))
-        per_turn = [parse_ts(first(seen[a], "turn.finished")["ts"]) - t_prompt for a in answered]
-        rows.append(C.row(
-            f"boot: restored agents answer a prompt ({n})", f"{len(answered)}/{n}", "-", None,
-            "all", len(answered) == n and kept == n,
-            note=(f"prompt 'run: cat a.txt' to each restored agent: {len(answered)}/{n} finished the "
-                  f"turn, {kept}/{n} read back the file written before the loss; per agent "
-                  f"(prompts issued -> turn.finished) {spread(per_turn)}")))
+        bench.run(live)
     except Exception as exc:  # noqa: BLE001 - reported as a row; cleanup below
         log_tail = live.log()[-3000:]
-        last = " | ".join(line.strip() for line in log_tail.strip().splitlines()[-4:])
-        rows.append(C.row("boot recovery", "error", "-", None, "-", False,
-                          note=f"{type(exc).__name__}: {exc}"[:500] + (f"; server log ends: {last[-600:]}"
-                                                                       if last else "")))
+        bench.rows.append(error_row(exc, log_tail))
     finally:
         t_end = time.time()
-        if client is not None:
-            client.close()
-        pool.shutdown(wait=False, cancel_futures=True)
+        bench.close()
         live.stop()
         left = remove_labelled()
         load.stop()
-        rows.append(C.row(
+        bench.rows.append(C.row(
             "boot: machine during the run", f"{len(load.samples)} samples", "-", None, "info", "info",
             note=(f"{os.cpu_count()} CPUs; {others} other containers were running at the start; "
                   f"whole run {t_end - t_begin:.0f} s: {load.between(t_begin, t_end)}; "
@@ -368,7 +415,23 @@ def main() -> int:
         C.cleanup(data_dir)
     if log_tail:
         sys.stderr.write(f"--- server log (tail)\n{log_tail}\n")
-    C.emit(rows, args)
+    return bench.rows
+
+
+def main() -> int:
+    p = C.parser(__doc__.splitlines()[0])
+    p.add_argument("--agents", type=int, default=50, help="how many agents (the recovery bench measures 50)")
+    args = p.parse_args()
+    from sandboxes.backends import docker_engine_answers
+
+    if not docker_engine_answers():
+        C.emit([C.row("boot recovery: docker", "skipped", "-", None, "-", "info",
+                      note="no Docker engine answers")], args)
+        return 0
+    from sandboxes import images
+
+    images.ensure_base_image()
+    C.emit(recover(args.agents), args)
     return 0
 
 

@@ -5,7 +5,7 @@ Home: 5,000 files / ~50 MB under ~/work (75% text, 25% random) plus what the
 checkpoint leaves out: a 200 MB ~/.cache (random), 5 MB of ~/.npm and 100
 __pycache__/*.pyc files.
 
-- checkpoint (target < 0.5 s and <= 1.5x): sandboxes.checkpoints.store_checkpoint
+- checkpoint (target < 0.5 s and <= 1.5x): sandboxes.archive.store_checkpoint
   (exec'd tar with the cache exclusions, streamed out of the container,
   zstd-1 on the host while it streams, fsync, rename) against a plain
   `tar -cf - <same excludes> . | zstd -1 -T0 > file` run on the host over the
@@ -78,7 +78,7 @@ def plain_tar_zstd(home: str, out: Path) -> float:
 
 
 def measure_checkpoint(backend, sid, host_home, work: Path, reps: int, label: str):
-    from sandboxes.checkpoints import store_checkpoint
+    from sandboxes.archive import store_checkpoint
 
     ours, plain, ratios, sizes = [], [], [], []
     for i in range(reps):
@@ -95,114 +95,136 @@ def measure_checkpoint(backend, sid, host_home, work: Path, reps: int, label: st
     return ours, plain, ratios, sizes[-1], plain_size
 
 
+def ms_list(xs: list[float]) -> str:
+    """Seconds as a row note lists them: whole ms, comma-separated."""
+    return ", ".join(f"{x * 1000:.0f}" for x in xs)
+
+
+def host_floor(ckpt: Path, dest: Path) -> float:
+    """The floor: the same checkpoint unpacked by host zstd | tar on the same disk."""
+    dest.mkdir()
+    f0 = time.perf_counter()
+    subprocess.run(f"zstd -dc -q {ckpt} | tar -x -C {dest} -f -", shell=True, check=True)
+    floor = time.perf_counter() - f0
+    shutil.rmtree(dest)
+    return floor
+
+
+def one_restore(backend, ckpt: Path, made: list[str]) -> tuple[float, float, float, float]:
+    """A fresh container + the checkpoint -> its first answered exec; seconds
+    of (create, load checkpoint, start, first exec). The removal is not timed."""
+    from sandboxes.archive import restore_checkpoint
+
+    t0 = time.perf_counter()
+    new = backend.create("bench-restore", "default", labels=LABELS)
+    made.append(new)
+    t1 = time.perf_counter()
+    restore_checkpoint(backend, new, ckpt)
+    t2 = time.perf_counter()
+    backend.start(new)
+    t3 = time.perf_counter()
+    out = backend.exec(new, ["sh", "-c", "ls work | wc -l"], timeout=30)
+    t4 = time.perf_counter()
+    assert out.ok and out.text.strip() == "60", out
+    backend.remove(new)
+    made.remove(new)
+    return t1 - t0, t2 - t1, t3 - t2, t4 - t3
+
+
+def restore_row(backend, ckpt: Path, work: Path, reps: int, made: list[str]) -> dict:
+    times, splits, floors = [], [], []
+    for i in range(reps + 1):
+        floor = host_floor(ckpt, work / f"floor-{i}")
+        split = one_restore(backend, ckpt, made)
+        if i > 0:  # the first one warms caches up
+            floors.append(floor)
+            times.append(sum(split))
+            splits.append(split)
+    med = C.median(times)
+    split = [C.median([s[k] for s in splits]) * 1000 for k in range(4)]
+    ratio = C.median([t / f for t, f in zip(times, floors)])
+    return C.row(
+        "restore: docker, image + checkpoint -> 1st exec", med * 1000,
+        C.median(floors) * 1000, ratio, "< 1500 ms warm", med < 1.5, "ms",
+        note=(f"median of {len(times)} after 1 warm-up; runs {ms_list(times)} ms; median split create "
+              f"{split[0]:.0f} / load checkpoint {split[1]:.0f} / start {split[2]:.0f} / "
+              f"first exec {split[3]:.0f} ms; baseline = host `zstd -dc | tar -x` of "
+              f"the same checkpoint into a dir on the same disk (the floor), runs {ms_list(floors)} ms"))
+
+
+def docker_rows(backend, work: Path, reps: int, restore_reps: int, made: list[str]) -> list[dict]:
+    """Checkpoint a filled container, then restore that checkpoint into fresh ones."""
+    sid = backend.create("bench-ckpt", "default", labels=LABELS, limits={"memory_mb": 2048, "pids": 512})
+    made.append(sid)
+    backend.start(sid)
+    res = backend.exec(sid, ["python3", "-c", FILL], timeout=600)
+    assert res.ok, res.stderr
+    merged = backend.inspect(sid)["GraphDriver"]["Data"]["MergedDir"] + "/root"
+    ours, plain, ratios, size, plain_size = measure_checkpoint(backend, sid, merged, work, reps, "docker")
+    m, p, r = C.median(ours), C.median(plain), C.median(ratios)
+    rows = [C.row(
+        "checkpoint: docker, 5k files/50 MB + 200 MB cache", m * 1000, p * 1000, r,
+        "< 500 ms and <= 1.5x", m < 0.5 and r <= 1.5, "ms",
+        note=(f"store_checkpoint runs {ms_list(ours)} ms; host tar|zstd -1 -T0 of the container's merged dir "
+              f"{ms_list(plain)} ms; {size / 1e6:.1f} MB vs {plain_size / 1e6:.1f} MB compressed"))]
+    ckpt = work / "docker" / "bench" / f"{sid}-turn-{reps - 1}.tar.zst"
+    rows.append(restore_row(backend, ckpt, work, restore_reps, made))
+    backend.remove(sid)
+    made.remove(sid)
+    return rows
+
+
+def local_row(work: Path, reps: int) -> dict:
+    """The local backend's checkpoint of the same home, for reference."""
+    from sandboxes.backends.local import LocalBackend
+
+    local = LocalBackend(root=work / "local-sandboxes")
+    lsid = local.create("bench-local", "host", labels=LABELS)
+    local.start(lsid)
+    try:
+        res = local.exec(lsid, [sys.executable, "-c", FILL], timeout=600)
+        assert res.ok, res.stderr
+        ours, plain, ratios, size, plain_size = measure_checkpoint(local, lsid, local.home(lsid), work, reps, "local")
+        m, p, r = C.median(ours), C.median(plain), C.median(ratios)
+        return C.row("checkpoint: local (reference)", m * 1000, p * 1000, r, "info", "info", "ms",
+                     note=f"store_checkpoint runs {ms_list(ours)} ms; tar|zstd {ms_list(plain)} ms")
+    finally:
+        local.remove(lsid)
+
+
+def remove_quietly(backend, made: list[str]) -> None:
+    for sid in made:
+        try:
+            backend.remove(sid)
+        except Exception:  # noqa: BLE001 - cleanup after a failure: remove what can be removed
+            pass
+
+
 def main() -> int:
     args = C.parser(__doc__.splitlines()[0]).parse_args()
     reps = 3 if args.quick else 5
     restore_reps = 3 if args.quick else 6
     rows = []
     work = C.make_data_dir("ckpt")
-    from sandboxes.backends.base import docker_engine_answers
-    from sandboxes.backends.local import LocalBackend
+    from sandboxes.backends import docker_engine_answers
 
-    docker_ok = docker_engine_answers()
     backend = None
     made: list[str] = []
     try:
-        if docker_ok:
+        if docker_engine_answers():
             from sandboxes import images
             from sandboxes.backends.docker import DockerBackend
-            from sandboxes.checkpoints import restore_checkpoint
 
             images.ensure_base_image()
             backend = DockerBackend()
-            sid = backend.create("bench-ckpt", "default", labels=LABELS,
-                                 limits={"memory_mb": 2048, "pids": 512})
-            made.append(sid)
-            backend.start(sid)
-            res = backend.exec(sid, ["python3", "-c", FILL], timeout=600)
-            assert res.ok, res.stderr
-            merged = backend.inspect(sid)["GraphDriver"]["Data"]["MergedDir"] + "/root"
-            ours, plain, ratios, size, plain_size = measure_checkpoint(
-                backend, sid, merged, work, reps, "docker")
-            m, p, r = C.median(ours), C.median(plain), C.median(ratios)
-            rows.append(C.row(
-                "checkpoint: docker, 5k files/50 MB + 200 MB cache", m * 1000, p * 1000, r,
-                "< 500 ms and <= 1.5x", m < 0.5 and r <= 1.5, "ms",
-                note=(f"store_checkpoint runs {', '.join(f'{x * 1000:.0f}' for x in ours)} ms; "
-                      f"host tar|zstd -1 -T0 of the container's merged dir "
-                      f"{', '.join(f'{x * 1000:.0f}' for x in plain)} ms; "
-                      f"{size / 1e6:.1f} MB vs {plain_size / 1e6:.1f} MB compressed")))
-            ckpt = work / "docker" / "bench" / f"{sid}-turn-{reps - 1}.tar.zst"
-
-            # Restore: fresh container from the image + the checkpoint -> first answered exec.
-            times, splits, floors = [], [], []
-            for i in range(restore_reps + 1):
-                # The floor: the same checkpoint unpacked by host zstd | tar on the same disk.
-                dest = work / f"floor-{i}"
-                dest.mkdir()
-                f0 = time.perf_counter()
-                subprocess.run(f"zstd -dc -q {ckpt} | tar -x -C {dest} -f -", shell=True,
-                               check=True)
-                floor = time.perf_counter() - f0
-                shutil.rmtree(dest)
-                t0 = time.perf_counter()
-                new = backend.create("bench-restore", "default", labels=LABELS)
-                made.append(new)
-                t1 = time.perf_counter()
-                restore_checkpoint(backend, new, ckpt)
-                t2 = time.perf_counter()
-                backend.start(new)
-                t3 = time.perf_counter()
-                out = backend.exec(new, ["sh", "-c", "ls work | wc -l"], timeout=30)
-                t4 = time.perf_counter()
-                assert out.ok and out.text.strip() == "60", out
-                if i > 0:  # the first one warms caches up
-                    floors.append(floor)
-                    times.append(t4 - t0)
-                    splits.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3))
-                backend.remove(new)
-                made.remove(new)
-            med = C.median(times)
-            split = [C.median([s[k] for s in splits]) * 1000 for k in range(4)]
-            ratio = C.median([t / f for t, f in zip(times, floors)])
-            rows.append(C.row(
-                "restore: docker, image + checkpoint -> 1st exec", med * 1000,
-                C.median(floors) * 1000, ratio, "< 1500 ms warm", med < 1.5, "ms",
-                note=(f"median of {len(times)} after 1 warm-up; runs "
-                      f"{', '.join(f'{x * 1000:.0f}' for x in times)} ms; median split create "
-                      f"{split[0]:.0f} / load checkpoint {split[1]:.0f} / start {split[2]:.0f} / "
-                      f"first exec {split[3]:.0f} ms; baseline = host `zstd -dc | tar -x` of "
-                      f"the same checkpoint into a dir on the same disk (the floor), runs "
-                      f"{', '.join(f'{x * 1000:.0f}' for x in floors)} ms")))
-            backend.remove(sid)
-            made.remove(sid)
+            rows += docker_rows(backend, work, reps, restore_reps, made)
         else:
             rows.append(C.row("checkpoint/restore: docker", "skipped", "-", None, "-", "info",
                               note="no Docker engine answers"))
-
-        # Local backend, for reference.
-        local = LocalBackend(root=work / "local-sandboxes")
-        lsid = local.create("bench-local", "host", labels=LABELS)
-        local.start(lsid)
-        try:
-            res = local.exec(lsid, [sys.executable, "-c", FILL], timeout=600)
-            assert res.ok, res.stderr
-            ours, plain, ratios, size, plain_size = measure_checkpoint(
-                local, lsid, local.home(lsid), work, reps, "local")
-            m, p, r = C.median(ours), C.median(plain), C.median(ratios)
-            rows.append(C.row(
-                "checkpoint: local (reference)", m * 1000, p * 1000, r, "info", "info", "ms",
-                note=(f"store_checkpoint runs {', '.join(f'{x * 1000:.0f}' for x in ours)} ms; "
-                      f"tar|zstd {', '.join(f'{x * 1000:.0f}' for x in plain)} ms")))
-        finally:
-            local.remove(lsid)
+        rows.append(local_row(work, reps))
     finally:
         if backend is not None:
-            for sid in made:
-                try:
-                    backend.remove(sid)
-                except Exception:  # noqa: BLE001
-                    pass
+            remove_quietly(backend, made)
         shutil.rmtree(work, ignore_errors=True)
     C.emit(rows, args)
     return 0

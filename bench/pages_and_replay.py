@@ -35,6 +35,7 @@ SMALL_PAGE = 100
 SMALL_REPLAY = 1_000
 TAIL = 500  # events after the newest snapshot, on both agents
 PAGE = 100
+MS = 1000.0  # the rows are in ms, the timings in s
 
 
 def fill(agent_id: str, start: int, n: int, batch: int = 1000) -> None:
@@ -90,6 +91,63 @@ def pair_ratio(a: list[float], b: list[float]) -> float:
     return C.median([x / y for x, y in zip(a, b)])
 
 
+def build() -> tuple[str, str, str, float, float]:
+    """The three transcripts: a 100-event one for pages, a 1,000-event and a
+    100,000-event one for replay (the big one serves pages too). Returns the
+    agents (small, 1k, big), the seconds of the big one's snapshot-writing
+    replay and of the whole build."""
+    from sessions import journal
+
+    small, k1, big = C.make_agents(3)
+    t0 = C.now()
+    fill(small, 0, SMALL_PAGE)
+    build_with_snapshot(k1, SMALL_REPLAY)
+    first_scratch = build_with_snapshot(big, BIG)
+    build_s = C.now() - t0
+    assert journal.head(big) == BIG and journal.head(small) == SMALL_PAGE and journal.head(k1) == SMALL_REPLAY
+    return small, k1, big, first_scratch, build_s
+
+
+def time_pages(big: str, small: str, reps: int) -> tuple[list[float], list[float], list[float], list[float]]:
+    """(latest big, latest small, first big, first small) page times, interleaved."""
+    from sessions import journal
+
+    def latest(agent):
+        h = journal.head(agent)
+        return lambda: journal.page_before(agent, h + 1, PAGE)
+
+    def first(agent):
+        return lambda: journal.page_after(agent, 0, PAGE)
+
+    # correctness of what we time
+    p = journal.page_before(big, BIG + 1, PAGE)
+    assert [e.seq for e in p.events] == list(range(BIG - PAGE + 1, BIG + 1))
+    p = journal.page_after(big, 0, PAGE)
+    assert [e.seq for e in p.events] == list(range(1, PAGE + 1)) and p.has_more
+
+    timed(latest(big), 20), timed(latest(small), 20)  # warm the page cache
+    lb, ls = interleaved(latest(big), latest(small), reps)
+    fb, fs = interleaved(first(big), first(small), reps)
+    return lb, ls, fb, fs
+
+
+def time_replays(big: str, k1: str, reps: int, scratch_reps: int) -> tuple[list[float], list[float], list[float]]:
+    """(big, 1k) replays from their snapshots, interleaved, and the big one's from scratch."""
+    from sessions import journal
+    from sessions import state as state_mod
+
+    def rp(agent):
+        return lambda: journal.replay(agent, write_snapshot=False)
+
+    assert rp(big)() == state_mod.replay(  # snapshot + tail equals a full fold
+        {"seq": e.seq, "type": e.type, "data": e.data, "ts": e.as_dict()["ts"]}
+        for e in _all_events(big)
+    ), "replay from the snapshot differs from replay from scratch"
+    rb, rs = interleaved(rp(big), rp(k1), reps)
+    scratch = timed(lambda: journal.replay(big, write_snapshot=False, from_scratch=True), scratch_reps)
+    return rb, rs, scratch
+
+
 def main() -> int:
     args = C.parser(__doc__.splitlines()[0]).parse_args()
     page_reps = 60 if args.quick else 200
@@ -102,86 +160,51 @@ def main() -> int:
         from django.conf import settings
         from django.db import connection
 
-        from sessions import journal
-        from sessions import state as state_mod
-
         assert settings.ALINEO_SNAPSHOT_EVERY <= TAIL, "the tail must be at least one snapshot interval"
-        small, k1, big = C.make_agents(3)
-        t0 = C.now()
-        fill(small, 0, SMALL_PAGE)
-        build_with_snapshot(k1, SMALL_REPLAY)
-        first_scratch = build_with_snapshot(big, BIG)
-        build_s = C.now() - t0
-        assert journal.head(big) == BIG and journal.head(small) == SMALL_PAGE and journal.head(k1) == SMALL_REPLAY
-
-        # --- pages
-        def latest(agent):
-            h = journal.head(agent)
-            return lambda: journal.page_before(agent, h + 1, PAGE)
-
-        def first(agent):
-            return lambda: journal.page_after(agent, 0, PAGE)
-
-        # correctness of what we time
-        p = journal.page_before(big, BIG + 1, PAGE)
-        assert [e.seq for e in p.events] == list(range(BIG - PAGE + 1, BIG + 1))
-        p = journal.page_after(big, 0, PAGE)
-        assert [e.seq for e in p.events] == list(range(1, PAGE + 1)) and p.has_more
-
-        timed(latest(big), 20), timed(latest(small), 20)  # warm the page cache
-        lb, ls = interleaved(latest(big), latest(small), page_reps)
-        fb, fs = interleaved(first(big), first(small), page_reps)
-
-        # --- replay
-        def rp(agent):
-            return lambda: journal.replay(agent, write_snapshot=False)
-
-        assert rp(big)() == state_mod.replay(  # snapshot + tail equals a full fold
-            {"seq": e.seq, "type": e.type, "data": e.data, "ts": e.as_dict()["ts"]}
-            for e in _all_events(big)
-        ), "replay from the snapshot differs from replay from scratch"
-        rb, rs = interleaved(rp(big), rp(k1), replay_reps)
-
-        original = journal._newest_snapshot
-        journal._newest_snapshot = lambda agent_id, through: (0, state_mod.initial_state())
-        try:
-            scratch = timed(rp(big), scratch_reps)
-        finally:
-            journal._newest_snapshot = original
+        small, k1, big, first_scratch, build_s = build()
+        pages = time_pages(big, small, page_reps)
+        replays = time_replays(big, k1, replay_reps, scratch_reps)
         connection.close()
-
-        ms = 1000.0
-        lr, fr, rr = pair_ratio(lb, ls), pair_ratio(fb, fs), pair_ratio(rb, rs)
-        rows = [
-            C.row(
-                "page: latest 100 of 100k vs of 100 events",
-                C.median(lb) * ms, C.median(ls) * ms, lr, "<= 1.5x", lr <= 1.5, "ms",
-                f"page_before(head+1, 100), medians of {page_reps} alternating pairs; p90 "
-                f"{C.pct(lb, 90) * ms:.2f} vs {C.pct(ls, 90) * ms:.2f} ms",
-            ),
-            C.row(
-                "page: first 100 of 100k vs of 100 events",
-                C.median(fb) * ms, C.median(fs) * ms, fr, "<= 1.5x", fr <= 1.5, "ms",
-                f"page_after(0, 100), medians of {page_reps} alternating pairs; p90 "
-                f"{C.pct(fb, 90) * ms:.2f} vs {C.pct(fs, 90) * ms:.2f} ms",
-            ),
-            C.row(
-                "replay: 100k vs 1k events (snapshots)",
-                C.median(rb) * ms, C.median(rs) * ms, rr, "<= 2x", rr <= 2.0, "ms",
-                f"newest snapshot {TAIL} events behind the head on both; median of {replay_reps} interleaved",
-            ),
-            C.row(
-                "replay: 100k from scratch (reference)",
-                C.median(scratch) * ms, C.median(rb) * ms, C.median(scratch) / C.median(rb), "info", "info", "ms",
-                f"snapshots ignored; runs {', '.join(f'{x * ms:,.0f}' for x in scratch)} ms (+ the snapshot-writing "
-                f"build replay of {BIG - TAIL:,}: {first_scratch * ms:,.0f} ms); baseline = replay from the snapshot; "
-                f"building the transcripts took {build_s:.1f} s",
-            ),
-        ]
-        C.emit(rows, args)
+        C.emit(page_rows(*pages, page_reps) + replay_rows(*replays, replay_reps, first_scratch, build_s), args)
         return 0
     finally:
         C.cleanup(data_dir)
+
+
+def page_rows(lb, ls, fb, fs, page_reps: int) -> list[dict]:
+    lr, fr = pair_ratio(lb, ls), pair_ratio(fb, fs)
+    return [
+        C.row(
+            "page: latest 100 of 100k vs of 100 events",
+            C.median(lb) * MS, C.median(ls) * MS, lr, "<= 1.5x", lr <= 1.5, "ms",
+            f"page_before(head+1, 100), medians of {page_reps} alternating pairs; p90 "
+            f"{C.pct(lb, 90) * MS:.2f} vs {C.pct(ls, 90) * MS:.2f} ms",
+        ),
+        C.row(
+            "page: first 100 of 100k vs of 100 events",
+            C.median(fb) * MS, C.median(fs) * MS, fr, "<= 1.5x", fr <= 1.5, "ms",
+            f"page_after(0, 100), medians of {page_reps} alternating pairs; p90 "
+            f"{C.pct(fb, 90) * MS:.2f} vs {C.pct(fs, 90) * MS:.2f} ms",
+        ),
+    ]
+
+
+def replay_rows(rb, rs, scratch, replay_reps: int, first_scratch: float, build_s: float) -> list[dict]:
+    rr = pair_ratio(rb, rs)
+    return [
+        C.row(
+            "replay: 100k vs 1k events (snapshots)",
+            C.median(rb) * MS, C.median(rs) * MS, rr, "<= 2x", rr <= 2.0, "ms",
+            f"newest snapshot {TAIL} events behind the head on both; median of {replay_reps} interleaved",
+        ),
+        C.row(
+            "replay: 100k from scratch (reference)",
+            C.median(scratch) * MS, C.median(rb) * MS, C.median(scratch) / C.median(rb), "info", "info", "ms",
+            f"snapshots ignored; runs {', '.join(f'{x * MS:,.0f}' for x in scratch)} ms (+ the snapshot-writing "
+            f"build replay of {BIG - TAIL:,}: {first_scratch * MS:,.0f} ms); baseline = replay from the snapshot; "
+            f"building the transcripts took {build_s:.1f} s",
+        ),
+    ]
 
 
 def _all_events(agent_id):

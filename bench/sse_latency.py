@@ -5,7 +5,7 @@ streams cost the server (RSS and threads, read from /proc/PID/status).
 
 One real server process (tests/live.py's LiveServer: `manage.py serve`, daphne
 and the worker on one loop, 127.0.0.1, a fresh migrated temp data dir), one
-client process using raw asyncio sockets.
+client process using raw asyncio sockets (bench/_sse_client.py).
 
 Phases, in one run:
   A. 1 watcher stream, no idle stream: POST /api/agents/{id}/prompt, one at
@@ -38,17 +38,18 @@ the hard limit is too low.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import _common as C  # noqa: E402
+from bench._sse_client import Stream, http_post  # noqa: E402
 
 IDLE = 1000
 IDLE_AGENTS = 50
@@ -98,137 +99,6 @@ async def settled_status(pid: int, samples: int = 5, gap: float = 0.2) -> dict[s
         rows.append(proc_status(pid))
         await asyncio.sleep(gap)
     return {k: C.median([r[k] for r in rows]) for k in rows[0]}
-
-
-# --- raw HTTP ----------------------------------------------------------------------------
-
-async def http_post(port: int, path: str, token: str, body: dict) -> tuple[int, dict]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    payload = json.dumps(body).encode()
-    writer.write(
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
-        + payload
-    )
-    await writer.drain()
-    raw = await asyncio.wait_for(reader.read(), 10)
-    writer.close()
-    head, _, rest = raw.partition(b"\r\n\r\n")
-    status = int(head.split(b" ", 2)[1])
-    if b"transfer-encoding: chunked" in head.lower():
-        rest = _dechunk(rest)
-    return status, json.loads(rest or b"{}")
-
-
-def _dechunk(data: bytes) -> bytes:
-    out = b""
-    while data:
-        size_line, _, data = data.partition(b"\r\n")
-        size = int(size_line.split(b";")[0], 16)
-        if size == 0:
-            break
-        out += data[:size]
-        data = data[size + 2:]
-    return out
-
-
-class Stream:
-    """One SSE response read off a raw socket. Events land in `events`;
-    `waiters[seq]` futures resolve with the receive time of that seq."""
-
-    def __init__(self, port: int, agent_id: str, token: str, after: int | None = None):
-        self.port, self.agent_id, self.token, self.after = port, agent_id, token, after
-        self.waiters: dict[int, asyncio.Future] = {}
-        self.received: dict[int, tuple[float, dict]] = {}
-        self.task: asyncio.Task | None = None
-        self.writer = None
-        self.bytes = 0
-
-    async def open(self) -> None:
-        reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
-        query = f"?after={self.after}" if self.after is not None else ""
-        self.writer.write(
-            f"GET /api/agents/{self.agent_id}/stream{query} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            f"Authorization: Bearer {self.token}\r\nAccept: text/event-stream\r\n\r\n".encode()
-        )
-        await self.writer.drain()
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 20)
-        status = int(head.split(b" ", 2)[1])
-        if status != 200:
-            raise RuntimeError(f"stream answered {status}: {head!r}")
-        self.chunked = b"transfer-encoding: chunked" in head.lower()
-        # the stream is open once its first bytes (`retry:`) arrive
-        first = await asyncio.wait_for(reader.read(65536), 20)
-        self.bytes += len(first)
-        self._raw, self._text = b"", b""
-        self._feed(first)
-        self.task = asyncio.create_task(self._read(reader))
-
-    async def _read(self, reader) -> None:
-        try:
-            while True:
-                data = await reader.read(65536)
-                if not data:
-                    return
-                self.bytes += len(data)
-                self._feed(data)
-        except (asyncio.CancelledError, ConnectionError):
-            return
-
-    def _feed(self, data: bytes) -> None:
-        now = time.time()
-        if self.chunked:  # HTTP/1.1 chunked framing: decode complete chunks only
-            self._raw += data
-            while True:
-                line, sep, after = self._raw.partition(b"\r\n")
-                if not sep:
-                    break
-                size = int(line.split(b";")[0], 16)
-                if len(after) < size + 2:
-                    break
-                self._text += after[:size]
-                self._raw = after[size + 2:]
-        else:
-            self._text += data
-        while b"\n\n" in self._text:
-            frame, _, self._text = self._text.partition(b"\n\n")
-            self._frame(frame, now)
-
-    def _frame(self, frame: bytes, now: float) -> None:
-        fields = {}
-        for line in frame.decode("utf-8", "replace").split("\n"):
-            if line.startswith(":") or ":" not in line:
-                continue
-            k, _, v = line.partition(":")
-            fields[k] = v[1:] if v.startswith(" ") else v
-        if "data" in fields and fields.get("id", "").isdigit():
-            seq = int(fields["id"])
-            try:
-                data = json.loads(fields["data"])
-            except ValueError:
-                data = {}
-            self.received[seq] = (now, data)
-            fut = self.waiters.pop(seq, None)
-            if fut is not None and not fut.done():
-                fut.set_result(now)
-
-    def wait_for(self, seq: int) -> asyncio.Future:
-        fut = asyncio.get_running_loop().create_future()
-        if seq in self.received:
-            fut.set_result(self.received[seq][0])
-        else:
-            self.waiters[seq] = fut
-        return fut
-
-    async def close(self) -> None:
-        if self.task:
-            self.task.cancel()
-        if self.writer:
-            self.writer.close()
-            try:
-                await self.writer.wait_closed()
-            except Exception:
-                pass
 
 
 def parse_ts(ts: str) -> float:
@@ -282,11 +152,27 @@ def cross_process_note(live, agent_id: str, watcher: Stream, n: int) -> list[flo
     return out
 
 
-async def run(live, quick: bool) -> list[dict]:
-    n = 60 if quick else 200  # 200 samples: p99 is not just the single slowest one
-    nb = 30 if quick else 60
-    actor = live.create_actor("bencher")
-    ids = live.django(
+@dataclass
+class Measured:
+    """What phases A-D (the module doc) measured: ms per prompt, /proc readings of the server."""
+
+    n: int  # prompts in phase B
+    commit: dict[str, list[float]] = field(default_factory=dict)  # phase -> append->receive ms
+    post: dict[str, list[float]] = field(default_factory=dict)  # phase -> POST->receive ms
+    cpu: dict[str, tuple[float, float]] = field(default_factory=dict)  # phase -> CPU s per prompt, server/client
+    burst: list[float] = field(default_factory=list)  # the first prompts after the idle streams opened
+    before: dict[str, float] = field(default_factory=dict)  # settled_status() with no idle stream,
+    during: dict[str, float] = field(default_factory=dict)  # with them all open,
+    after_close: dict[str, float] = field(default_factory=dict)  # and after they closed
+    open_s: float = 0.0
+    settle_s: float = 0.0
+    alive: int = 0
+    notes: list[float] = field(default_factory=list)  # phase D
+
+
+def make_agents(live, actor) -> list[str]:
+    """The watched agent and the idle streams' agents, made in the server's database."""
+    return live.django(
         "from django.contrib.auth import get_user_model\n"
         "from sessions.models import Agent, Workspace\n"
         f"user = get_user_model().objects.get(pk={actor.user_id})\n"
@@ -294,72 +180,95 @@ async def run(live, quick: bool) -> list[dict]:
         f"result = [Agent.objects.create(workspace=ws, created_by=user, spec={{'model': 'demo'}}).id "
         f"for _ in range({IDLE_AGENTS + 1})]\n"
     )
-    watched, idle_agents = ids[0], ids[1:]
-    pid = live.pid
-    token = actor.token
-    port = live.port
 
-    watcher = Stream(port, watched, token, after=0)
-    await watcher.open()
-    # warm-up: code paths, the first DB connections, a few opens and closes
-    await latency_loop(port, token, watched, watcher, 10, "warm")
-    warm = await open_many(port, token, idle_agents, 20)
-    await asyncio.sleep(0.3)
-    for s in warm:
-        await s.close()
 
-    cpu = {}  # server and client CPU seconds per prompt, per phase: where the time goes
+class Watched:
+    """The watched agent and its watcher stream on one live server, and the idle streams' agents."""
 
-    async def loop(count, label):
-        s0, c0 = cpu_ticks(pid), time.process_time()
-        out = await latency_loop(port, token, watched, watcher, count, label)
-        cpu[label] = ((cpu_ticks(pid) - s0) / os.sysconf("SC_CLK_TCK") / count, (time.process_time() - c0) / count)
-        return out
+    def __init__(self, live, token: str, ids: list[str]):
+        self.pid, self.port, self.token = live.pid, live.port, token
+        self.agent, self.idle_agents = ids[0], ids[1:]
+        self.watcher = Stream(self.port, self.agent, token, after=0)
 
-    a_commit, a_post = await loop(nb, "A")
-    before = await settled_status(pid)
-    t0 = time.time()
-    idle = await open_many(port, token, idle_agents, IDLE)
-    open_s = time.time() - t0
-    settle_s = await quiesce(pid)
-    during = await settled_status(pid)
-    # The first commits after a burst of subscriptions are a one-off: the
-    # data_version watcher counts every newly watched agent as moved once, so
-    # all the idle streams re-read together. Measured here, kept out of B.
-    burst, _ = await latency_loop(port, token, watched, watcher, 8, "B-first")
-    await quiesce(pid)
-    b_commit, b_post = await loop(n, "B")
-    alive = sum(1 for s in idle if s.task and not s.task.done())
-    for s in idle:
-        await s.close()
-    after_close = await settled_status(pid)
-    c_commit, c_post = await loop(nb, "C")
+    async def prompts(self, count: int, label: str) -> tuple[list, list]:
+        return await latency_loop(self.port, self.token, self.agent, self.watcher, count, label)
+
+    async def phase(self, m: Measured, count: int, label: str) -> None:
+        """prompts() into m's latencies of phase `label`, with the server's and
+        the client's CPU seconds per prompt: where the time goes."""
+        s0, c0 = cpu_ticks(self.pid), time.process_time()
+        m.commit[label], m.post[label] = await self.prompts(count, label)
+        m.cpu[label] = ((cpu_ticks(self.pid) - s0) / os.sysconf("SC_CLK_TCK") / count,
+                        (time.process_time() - c0) / count)
+
+    async def warm_up(self) -> None:
+        """Code paths, the first DB connections, a few opens and closes."""
+        await self.prompts(10, "warm")
+        warm = await open_many(self.port, self.token, self.idle_agents, 20)
+        await asyncio.sleep(0.3)
+        for s in warm:
+            await s.close()
+
+    async def with_idle(self, m: Measured) -> None:
+        """Phase B: open the idle streams, measure with them open, close them."""
+        m.before = await settled_status(self.pid)
+        t0 = time.time()
+        idle = await open_many(self.port, self.token, self.idle_agents, IDLE)
+        m.open_s = time.time() - t0
+        m.settle_s = await quiesce(self.pid)
+        m.during = await settled_status(self.pid)
+        # The first commits after a burst of subscriptions are a one-off: the
+        # data_version watcher counts every newly watched agent as moved once, so
+        # all the idle streams re-read together. Measured here, kept out of B.
+        m.burst, _ = await self.prompts(8, "B-first")
+        await quiesce(self.pid)
+        await self.phase(m, m.n, "B")
+        m.alive = sum(1 for s in idle if s.task and not s.task.done())
+        for s in idle:
+            await s.close()
+        m.after_close = await settled_status(self.pid)
+
+
+async def run(live, quick: bool) -> list[dict]:
+    m = Measured(n=60 if quick else 200)  # 200 samples: p99 is not just the single slowest one
+    nb = 30 if quick else 60
+    actor = live.create_actor("bencher")
+    w = Watched(live, actor.token, make_agents(live, actor))
+    await w.watcher.open()
+    await w.warm_up()
+    await w.phase(m, nb, "A")
+    await w.with_idle(m)
+    await w.phase(m, nb, "C")
     await asyncio.sleep(0)  # let the watcher drain
+    m.notes = await asyncio.get_running_loop().run_in_executor(
+        None, cross_process_note, live, w.agent, w.watcher, 3 if quick else 5)
+    await w.watcher.close()
+    return latency_rows(m) + cost_rows(m) + note_rows(m)
 
-    notes = await asyncio.get_running_loop().run_in_executor(None, cross_process_note, live, watched, watcher, 3 if quick else 5)
-    await watcher.close()
 
-    base_commit = a_commit + c_commit
-    base_post = a_post + c_post
-    p50, p99 = C.pct(b_commit, 50), C.pct(b_commit, 99)
-    bp50, bp99 = C.pct(base_commit, 50), C.pct(base_commit, 99)
-    kb = (during["VmRSS"] - before["VmRSS"]) / IDLE
-    threads_added = during["Threads"] - before["Threads"]
-    fds_added = during["fds"] - before["fds"]
-    detail = (
-        f"{n} prompts with {IDLE} idle streams open, {len(base_commit)} with none (before and after); "
+def latency_detail(m: Measured) -> str:
+    b_commit, b_post, cpu = m.commit["B"], m.post["B"], m.cpu
+    base_commit, base_post = m.commit["A"] + m.commit["C"], m.post["A"] + m.post["C"]
+    return (
+        f"{m.n} prompts with {IDLE} idle streams open, {len(base_commit)} with none (before and after); "
         f"p90 {C.pct(b_commit, 90):.1f} ms (none: {C.pct(base_commit, 90):.1f}), slowest "
         f"{', '.join(f'{x:.0f}' for x in sorted(b_commit)[-3:])} ms; "
         f"POST->receive p50/p99 {C.pct(b_post, 50):.1f}/{C.pct(b_post, 99):.1f} ms "
         f"(none: {C.pct(base_post, 50):.1f}/{C.pct(base_post, 99):.1f}); the 202 reached the client "
-        f"{C.pct(latency_loop.acked['B'], 50):.1f} ms (p50) after `ts`; {alive}/{IDLE} idle streams still open "
+        f"{C.pct(latency_loop.acked['B'], 50):.1f} ms (p50) after `ts`; {m.alive}/{IDLE} idle streams still open "
         f"at the end; the first 8 prompts after the {IDLE} opened (kept out, one-off re-read of every new "
-        f"stream): max {max(burst):.0f} ms; CPU per prompt, server/client: {cpu['B'][0] * 1000:.1f}/"
+        f"stream): max {max(m.burst):.0f} ms; CPU per prompt, server/client: {cpu['B'][0] * 1000:.1f}/"
         f"{cpu['B'][1] * 1000:.1f} ms with {IDLE} idle, {cpu['A'][0] * 1000:.1f}/{cpu['A'][1] * 1000:.1f} and "
         f"{cpu['C'][0] * 1000:.1f}/{cpu['C'][1] * 1000:.1f} ms with none (before/after); load average "
         f"{os.getloadavg()[0]:.2f} at the end"
     )
-    rows = [
+
+
+def latency_rows(m: Measured) -> list[dict]:
+    base_commit = m.commit["A"] + m.commit["C"]
+    p50, p99 = C.pct(m.commit["B"], 50), C.pct(m.commit["B"], 99)
+    bp50, bp99 = C.pct(base_commit, 50), C.pct(base_commit, 99)
+    return [
         C.row(
             f"sse: append->receive p50, {IDLE} idle streams vs none",
             p50, bp50, p50 / bp50 if bp50 else None, "info", "info", "ms",
@@ -368,14 +277,23 @@ async def run(live, quick: bool) -> list[dict]:
         C.row(
             f"sse: append->receive p99, {IDLE} idle streams vs none",
             p99, bp99, p99 / bp99 if bp99 else None, f"<= {TARGET_P99_MS:.0f} ms", p99 <= TARGET_P99_MS, "ms",
-            detail,
+            latency_detail(m),
         ),
+    ]
+
+
+def cost_rows(m: Measured) -> list[dict]:
+    before, during, after_close = m.before, m.during, m.after_close
+    kb = (during["VmRSS"] - before["VmRSS"]) / IDLE
+    threads_added = during["Threads"] - before["Threads"]
+    fds_added = during["fds"] - before["fds"]
+    return [
         C.row(
             f"sse: RSS per idle stream ({IDLE})",
             kb, before["VmRSS"] / 1024, None, f"<= {TARGET_KB:.0f} KB", kb <= TARGET_KB, "",
             f"KB per stream; baseline = server RSS in MB with 1 stream; RSS {before['VmRSS'] / 1024:.1f} -> "
             f"{during['VmRSS'] / 1024:.1f} MB with {IDLE} idle, {after_close['VmRSS'] / 1024:.1f} MB after they "
-            f"closed; {IDLE} streams opened in {open_s:.2f} s, server busy {settle_s:.1f} s more; fds +{fds_added:.0f}",
+            f"closed; {IDLE} streams opened in {m.open_s:.2f} s, server busy {m.settle_s:.1f} s more; fds +{fds_added:.0f}",
         ),
         C.row(
             "sse: threads added by idle streams",
@@ -385,17 +303,21 @@ async def run(live, quick: bool) -> list[dict]:
             f"{after_close['Threads']:.0f} after close",
         ),
     ]
-    if notes:
-        rows.append(
-            C.row(
-                "sse: other-process commit -> receive p50",
-                C.median(notes), p50, C.median(notes) / p50 if p50 else None, "info", "info", "ms",
-                f"`manage.py note` (a commit by another process, woken by the data_version watcher at "
-                f"ALINEO_DATA_VERSION_POLL_S); runs {', '.join(f'{x:.0f}' for x in notes)} ms; baseline = "
-                f"in-process p50 with {IDLE} idle",
-            )
+
+
+def note_rows(m: Measured) -> list[dict]:
+    if not m.notes:
+        return []
+    p50 = C.pct(m.commit["B"], 50)
+    return [
+        C.row(
+            "sse: other-process commit -> receive p50",
+            C.median(m.notes), p50, C.median(m.notes) / p50 if p50 else None, "info", "info", "ms",
+            f"`manage.py note` (a commit by another process, woken by the data_version watcher at "
+            f"ALINEO_DATA_VERSION_POLL_S); runs {', '.join(f'{x:.0f}' for x in m.notes)} ms; baseline = "
+            f"in-process p50 with {IDLE} idle",
         )
-    return rows
+    ]
 
 
 def raise_fd_limit(need: int) -> str:

@@ -155,6 +155,61 @@ def pg_bytes() -> dict[str, int]:
     return out
 
 
+class Appender:
+    """Journals a Transcript turn by turn, stopping exactly at a count, and
+    replays (which writes a snapshot) every `every` events, as the journal does."""
+
+    def __init__(self, agent: str, every: int):
+        self.agent, self.every = agent, every
+        self.transcript = Transcript()
+        self.pending: list[tuple[str, dict]] = []
+        self.n = self.since_replay = self.payload = 0
+
+    def append_until(self, target: int) -> None:
+        from sessions import journal
+
+        while self.n < target:
+            if not self.pending:
+                self.pending = self.transcript.next_turn()
+            batch, self.pending = self.pending[: target - self.n], self.pending[target - self.n:]  # stop exactly at the mark
+            journal.append_many(self.agent, batch)
+            self.payload += sum(len(t) + len(C.json_text(d)) for t, d in batch)
+            self.n += len(batch)
+            self.since_replay += len(batch)
+            if self.since_replay >= self.every:
+                journal.replay(self.agent)  # writes a snapshot, keeps the newest two
+                self.since_replay = 0
+
+
+def settled_growth(sizes, empty: dict[str, int], database_url: str | None) -> dict[str, int]:
+    """What the tables grew by since `empty`, measured on a settled database."""
+    from django.db import connection
+
+    connection.close()  # the committer's connection too is idle; measure a settled database
+    if not database_url:
+        with connection.cursor() as cur:
+            cur.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return {k: v - empty.get(k, 0) if k != "snapshot_dead" else v for k, v in sizes().items()}
+
+
+def grow(agent: str, targets: tuple[int, ...], every: int, database_url: str | None) -> tuple[dict[int, dict], float]:
+    """Journal the transcript up to each count in `targets`. Returns what the
+    tables had grown by at each, and the seconds the appends took."""
+    from sessions.models import Snapshot
+
+    sizes = pg_bytes if database_url else sqlite_bytes
+    appender = Appender(agent, every)
+    empty = sizes()
+    marks: dict[int, dict] = {}
+    t0 = C.now()
+    for target in targets:
+        appender.append_until(target)
+        marks[target] = settled_growth(sizes, empty, database_url)
+        marks[target]["payload"] = appender.payload
+        marks[target]["snapshots"] = Snapshot.objects.filter(agent_id=agent).count()
+    return marks, C.now() - t0
+
+
 def measure(args, database_url: str | None) -> list[dict]:
     data_dir = C.make_data_dir("storage")
     try:
@@ -163,62 +218,37 @@ def measure(args, database_url: str | None) -> list[dict]:
         from django.db import connection
 
         from sessions import journal
-        from sessions.models import Snapshot
 
-        sizes = pg_bytes if database_url else sqlite_bytes
-        label = "PostgreSQL" if database_url else "SQLite"
         big = 20_000 if args.quick else BIG
-        every = settings.ALINEO_SNAPSHOT_EVERY
         agent = C.make_agents(1)[0]
-        tr = Transcript()
-        empty = sizes()
-        n = since_replay = payload = 0
-        marks: dict[int, dict] = {}
-        pending: list[tuple[str, dict]] = []
-        t0 = C.now()
-        for target in (SMALL, big):
-            while n < target:
-                if not pending:
-                    pending = tr.next_turn()
-                batch, pending = pending[: target - n], pending[target - n:]  # stop exactly at the mark
-                journal.append_many(agent, batch)
-                payload += sum(len(t) + len(C.json_text(d)) for t, d in batch)
-                n += len(batch)
-                since_replay += len(batch)
-                if since_replay >= every:
-                    journal.replay(agent)  # writes a snapshot, keeps the newest two
-                    since_replay = 0
-            connection.close()  # the committer's connection too is idle; measure a settled database
-            if not database_url:
-                with connection.cursor() as cur:
-                    cur.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            marks[target] = {k: v - empty.get(k, 0) if k != "snapshot_dead" else v for k, v in sizes().items()}
-            marks[target]["payload"] = payload
-            marks[target]["snapshots"] = Snapshot.objects.filter(agent_id=agent).count()
-        secs = C.now() - t0
+        marks, secs = grow(agent, (SMALL, big), settings.ALINEO_SNAPSHOT_EVERY, database_url)
         assert journal.head(agent) == big
         connection.close()
-
-        def total(m):
-            return m["agent_sessions_event"] + m["agent_sessions_snapshot"]
-
-        small_b, big_b = total(marks[SMALL]), total(marks[big])
-        per_small, per_big = small_b / SMALL, big_b / big
-        ratio = per_big / per_small
-        s, b = marks[SMALL], marks[big]
-        dead = f"; snapshot dead rows at {big:,}: {b['snapshot_dead']}" if database_url else ""
-        note = (f"bytes the event + snapshot tables (indexes{', TOAST' if database_url else ''} included) grew by: "
-                f"{small_b:,} at {SMALL:,} events, {big_b:,} at {big:,} (= {big_b / (big / SMALL * small_b):.3f} x "
-                f"{big // SMALL} x the 1k figure); of which events {s['agent_sessions_event']:,} / "
-                f"{b['agent_sessions_event']:,} (heap {s['event_heap']:,} / {b['event_heap']:,}), snapshots "
-                f"{s['agent_sessions_snapshot']:,} / {b['agent_sessions_snapshot']:,} ({s['snapshots']} / "
-                f"{b['snapshots']} kept); JSON payload (type + data) {s['payload'] / SMALL:.0f} / "
-                f"{b['payload'] / big:.0f} B/event; {'database' if database_url else 'file'} used "
-                f"{s['file_used']:,} / {b['file_used']:,} B{dead}; {big:,} events appended in {secs:.1f} s")
-        return [C.row(f"storage {label}: bytes/event at {big // 1000}k vs 1k events", per_big, per_small, ratio,
-                      f"<= {TARGET}x (linear)", ratio <= TARGET, "B", note)]
+        return [storage_row(marks, big, secs, database_url)]
     finally:
         C.cleanup(data_dir)
+
+
+def storage_row(marks: dict[int, dict], big: int, secs: float, database_url: str | None) -> dict:
+    def total(m):
+        return m["agent_sessions_event"] + m["agent_sessions_snapshot"]
+
+    label = "PostgreSQL" if database_url else "SQLite"
+    small_b, big_b = total(marks[SMALL]), total(marks[big])
+    per_small, per_big = small_b / SMALL, big_b / big
+    ratio = per_big / per_small
+    s, b = marks[SMALL], marks[big]
+    dead = f"; snapshot dead rows at {big:,}: {b['snapshot_dead']}" if database_url else ""
+    note = (f"bytes the event + snapshot tables (indexes{', TOAST' if database_url else ''} included) grew by: "
+            f"{small_b:,} at {SMALL:,} events, {big_b:,} at {big:,} (= {big_b / (big / SMALL * small_b):.3f} x "
+            f"{big // SMALL} x the 1k figure); of which events {s['agent_sessions_event']:,} / "
+            f"{b['agent_sessions_event']:,} (heap {s['event_heap']:,} / {b['event_heap']:,}), snapshots "
+            f"{s['agent_sessions_snapshot']:,} / {b['agent_sessions_snapshot']:,} ({s['snapshots']} / "
+            f"{b['snapshots']} kept); JSON payload (type + data) {s['payload'] / SMALL:.0f} / "
+            f"{b['payload'] / big:.0f} B/event; {'database' if database_url else 'file'} used "
+            f"{s['file_used']:,} / {b['file_used']:,} B{dead}; {big:,} events appended in {secs:.1f} s")
+    return C.row(f"storage {label}: bytes/event at {big // 1000}k vs 1k events", per_big, per_small, ratio,
+                 f"<= {TARGET}x (linear)", ratio <= TARGET, "B", note)
 
 
 def main() -> int:

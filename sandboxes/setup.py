@@ -1,6 +1,6 @@
 """Setup snapshots: run a spec's packages and setup steps once, keep the result.
 
-A *setup snapshot* (BRIEF §2) is an image made once per spec by committing a
+A *setup snapshot* is an image made once per spec by committing a
 sandbox after its setup ran, so an agent's start skips reinstalling. A fresh
 sandbox from it has the packages and files of the setup and no conversation.
 
@@ -23,8 +23,9 @@ re-checking, it is built:
 4. each setup step as ``sh -c STEP`` (cwd = home); the first that exits
    non-zero fails the build with its output (:class:`SetupFailed`);
 5. caches cleaned (``apt-get clean``, apt lists, ``~/.cache``, ``/tmp``);
-6. commit under ``alineo-setup:<key>`` (docker) or ``local-snapshot/setup-<key>``
-   (local: a copy of the home dir plus its meta.json), then the temporary
+6. commit under the backend's ``snapshot_ref("setup", key)`` (docker:
+   ``alineo-setup:<key>``; local: ``local-snapshot/setup-<key>``, a copy of the
+   home dir plus its meta.json), then the temporary
    sandbox is removed — on failure too.
 
 A spec with no packages, no steps and ``run_as`` root needs no snapshot: its
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
+from sandboxes import config
 from sandboxes.errors import SandboxError
 
 log = logging.getLogger(__name__)
@@ -54,8 +56,6 @@ SETUP_RECIPE = 1
 #: Capabilities a setup sandbox gets back (everything else stays dropped):
 #: dpkg chowns and overrides modes, apt drops to the `_apt` user.
 SETUP_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID")
-DOCKER_REPOSITORY = "alineo-setup"
-LOCAL_PREFIX = "setup-"
 LABEL_SETUP = "alineo.setup-key"
 #: Per step; a package install on a slow mirror can take minutes.
 STEP_TIMEOUT_S = 1800
@@ -105,11 +105,7 @@ def setup_key(backend, spec: Mapping) -> str:
 
 
 def setup_ref(backend, key: str) -> str:
-    if backend.name == "docker":
-        return f"{DOCKER_REPOSITORY}:{key}"
-    from sandboxes.backends.local import SNAPSHOT_PREFIX
-
-    return f"{SNAPSHOT_PREFIX}{LOCAL_PREFIX}{key}"
+    return backend.snapshot_ref("setup", key)
 
 
 def ensure_setup_image(backend, spec: Mapping, *, labels: Mapping[str, str] | None = None,
@@ -142,20 +138,16 @@ def ensure_setup(backend, spec: Mapping, *, labels: Mapping[str, str] | None = N
 
 def _check_spec(backend, spec: Mapping) -> None:
     if spec.get("packages"):
-        if backend.name != "docker":
-            raise SandboxError("packages need the docker backend (the local backend runs "
-                               "on the host and installs nothing)", permanent=True)
+        if not backend.installs_packages:
+            raise SandboxError(f"packages need the docker backend (the {backend.name} backend "
+                               "installs nothing)", permanent=True)
         if (spec.get("network") or "none") != "host":
             raise SandboxError('packages need network: host (to reach the Debian mirror)',
                                permanent=True)
 
 
 def _lock_path(lock_dir, key: str) -> Path:
-    if lock_dir is None:
-        from django.conf import settings
-
-        lock_dir = Path(settings.DATA_DIR) / "locks"
-    path = Path(lock_dir)
+    path = config.data_dir().locks if lock_dir is None else Path(lock_dir)
     path.mkdir(parents=True, exist_ok=True)
     return path / f"setup-{key}.lock"
 
@@ -175,7 +167,7 @@ def _file_lock(path: Path) -> Iterator[None]:
 def _build(backend, spec: Mapping, image: str, key: str, ref: str, labels: Mapping[str, str],
            on_log: Callable[[str], None]) -> None:
     t0 = time.monotonic()
-    docker = backend.name == "docker"
+    docker = backend.installs_packages  # a root file system of its own: apt, users
     all_labels = {**labels, LABEL_SETUP: key}
     sid = backend.create(
         f"{SETUP_AGENT}-{key[:12]}", image, network=spec.get("network") or "none",
@@ -210,7 +202,7 @@ def _build(backend, spec: Mapping, image: str, key: str, ref: str, labels: Mappi
                     step=label, exit_code=res.exit_code, output=output,
                     permanent=not label.startswith("apt-get"),  # a mirror can come back
                 )
-        # Clean caches: commit time grows with the diff (BRIEF §6).
+        # Clean caches: the commit's time grows with the size of its diff.
         clean = f"rm -rf {shlex.quote(home)}/.cache"
         if docker:
             clean = ("apt-get clean >/dev/null 2>&1; rm -rf /var/lib/apt/lists/* /tmp/* "

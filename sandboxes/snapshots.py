@@ -1,4 +1,5 @@
-"""Sandbox snapshots with exec replay (issue 3, item 6: the core-SDK layer).
+"""Sandbox snapshots with exec replay: the layer below agents (a sandbox, its
+named snapshots, and the commands run after the newest one).
 
 A :class:`SandboxSession` wraps one sandbox and keeps a journal file of it:
 
@@ -10,8 +11,8 @@ A :class:`SandboxSession` wraps one sandbox and keeps a journal file of it:
     s = SandboxSession.resume(backend, "build-42")
     # a new sandbox from snapshot "deps", then `make test` replayed, in order
 
-The journal (``<root>/<session>.jsonl``, root defaulting to
-``DATA_DIR/sandbox-sessions``) is JSON lines: one ``session`` record (how to
+The journal (``<root>/<session>.jsonl``, root defaulting to the data dir's
+``sandbox-sessions/``, sandboxes/config.py) is JSON lines: one ``session`` record (how to
 create the sandbox), ``snapshot`` records (name → ref) and ``exec`` records
 (argv, exit code), each appended and fsynced *after* the exec returned. A
 checkpoint rewrites the file atomically without the execs before it, so the
@@ -34,13 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from sandboxes import config
 from sandboxes.backends.base import ExecResult, Limits
 from sandboxes.errors import SandboxError
 
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
-DOCKER_REPOSITORY = "alineo-snapshot"
 LABEL_SESSION = "alineo.session"
 
 
@@ -63,11 +64,7 @@ def _check_name(what: str, name: str) -> str:
 
 
 def sessions_root(root: str | os.PathLike | None = None) -> Path:
-    if root is None:
-        from django.conf import settings
-
-        root = Path(settings.DATA_DIR) / "sandbox-sessions"
-    path = Path(root)
+    path = config.data_dir().sandbox_sessions if root is None else Path(root)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -184,9 +181,7 @@ class SandboxSession:
         return ref
 
     def _tag(self, snapshot: str) -> str:
-        if self.backend.name == "docker":
-            return f"{DOCKER_REPOSITORY}:{self.name}-{snapshot}"  # a tag holds <= 128 chars
-        return f"session-{self.name}-{snapshot}"
+        return self.backend.snapshot_ref("session", f"{self.name}-{snapshot}")
 
     @classmethod
     def resume(cls, backend, name: str, *, root: str | os.PathLike | None = None,

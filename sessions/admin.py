@@ -12,7 +12,7 @@ from .models import (
     Agent, ApiToken, Checkpoint, Command, Credential, Event, RetentionSweep, Snapshot, Workspace,
 )
 
-MAX_DAYS = getattr(settings, "ALINEO_CHECKPOINT_MAX_DAYS", 30)
+MAX_DAYS = settings.ALINEO_CHECKPOINT_MAX_DAYS
 
 
 class WorkspaceForm(forms.ModelForm):

@@ -12,25 +12,24 @@ sandbox) consumes it. So, reading the facts after the newest `agent.sandbox`:
   first start, "restoring" when its sandbox is being replaced).
 - `credential.approved {bindings, by, command}` — `POST /api/agents/{id}/approve`.
 
-The worker (sandboxes.driver first start, sandboxes.ladder `_fresh`) calls
-:func:`ensure_approved` right before it creates the sandbox; False means
-"wait": the driver returns and the supervisor's scan, or the approval's
-wake-up, runs it again. Nothing is lost silently and no secret is injected
-before its approval.
+The worker (sessions/worker/driver.py at a first start, sessions/worker/
+ladder.py before a fresh sandbox) calls :func:`ensure_approved` right before
+it creates the sandbox; False means "wait": the driver returns and the
+supervisor's scan, or the approval's wake-up, runs it again. Nothing is lost
+silently and no secret is injected before its approval. The operator's
+command is sessions/commands/approve.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 
 from . import journal
-from .models import Agent, AgentStatus, Command, CommandVerb, Event
+from .models import ENDED, Agent, AgentStatus, Event
 
 REQUESTED = "credential.approval_requested"
 APPROVED = "credential.approved"
@@ -38,13 +37,8 @@ SANDBOX = "agent.sandbox"
 FIRST_START = "first_start"
 SANDBOX_REPLACED = "sandbox_replaced"
 REASONS = (FIRST_START, SANDBOX_REPLACED)
-ENDED = (AgentStatus.STOPPED, AgentStatus.LOST, AgentStatus.UNRECOVERABLE)
 #: Statuses an agent goes back to once its replaced sandbox is up (else idle).
 _BACK_TO = ("idle", "interrupted", "running")
-
-
-class AwaitingApproval(Exception):
-    """The sandbox cannot start yet: held credentials wait for an operator."""
 
 
 def held_bindings(spec: Any) -> tuple[str, ...]:
@@ -157,61 +151,3 @@ def status_after_replacement(agent_id: str) -> tuple[str, dict] | None:
             .values_list("data", flat=True).first()) or {}
     back = data.get("previous") if data.get("previous") in _BACK_TO else "idle"
     return ("agent.status", {"status": back, "reason": "sandbox replaced after approval"})
-
-
-# --- the command ---------------------------------------------------------------------------
-
-
-def approve(user, agent_id: str, body: Any, key: str | None = None):
-    """`POST /api/agents/{id}/approve` {"bindings": [names]?} → 202: approve the
-    held bindings the agent waits for (default: all of them) for its next
-    sandbox start. Idempotent by Idempotency-Key; 409 approval.not_requested
-    when nothing waits. Returns a sessions.commands.Outcome."""
-    from . import commands as c
-
-    key = c.check_key(key)
-    body = c._object(body)
-    c._only(body, ("bindings",))
-    names = body.get("bindings")
-    if names is not None:
-        if (not isinstance(names, list) or not names
-                or not all(isinstance(n, str) and n for n in names)):
-            raise c.CommandRefused(400, "request.invalid",
-                                   "bindings must be a non-empty list of binding names.")
-        names = list(dict.fromkeys(names))
-    digest = c.request_hash("approve", agent_id, body)
-    return c._execute(user, key, digest, partial(_approve, user, agent_id, names, key, digest))
-
-
-def _approve(user, agent_id: str, names: list[str] | None, key, digest):
-    from . import commands as c
-
-    agent = c._locked(user, agent_id, "agent")
-    c._refuse_if_ended(agent)
-    state = state_of(agent)
-    if not state.waiting:
-        raise c.CommandRefused(
-            409, "approval.not_requested",
-            f"Agent {agent.id} is not waiting for a credential approval"
-            + (" (it holds no credential for approval)." if not state.held else "."),
-        )
-    if names is None:
-        names = list(state.missing)
-    unknown = [n for n in names if n not in state.held]
-    if unknown:
-        raise c.CommandRefused(
-            400, "approval.unknown_binding",
-            f"Agent {agent.id} holds no binding named {unknown[0]!r} for approval; "
-            f"it waits for {', '.join(state.missing)}.", bindings=list(state.missing))
-    cmd = c._record(user, agent, CommandVerb.APPROVE, key, digest, 202)
-    by = user.get_username()
-    record = journal.append(agent.id, APPROVED, {"bindings": names, "by": by, "command": cmd.pk})
-    waiting = [n for n in state.missing if n not in names]
-    body = {"command": cmd.pk, "agent": agent.id, "verb": "approve", "seq": record.seq,
-            "bindings": names, "waiting_for": waiting, "state": "done"}
-    # The approval is acted on here (its fact is the act): nothing is left for
-    # the worker but to be woken, so it creates the sandbox now.
-    Command.objects.filter(pk=cmd.pk).update(response_body=body, seq=record.seq, state="done",
-                                            acted_at=timezone.now())
-    transaction.on_commit(partial(c.wake_worker, [cmd.pk]))
-    return c.Outcome(202, body)

@@ -9,4 +9,4 @@ class AgentSessionsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from alineo_site import checks  # noqa: F401  (registers system checks)
+        from . import checks  # noqa: F401  (registers system checks)

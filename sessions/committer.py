@@ -8,12 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from typing import TYPE_CHECKING
-
 from django.db import DatabaseError, IntegrityError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from sessions.journal import EventRecord
 
 log = logging.getLogger("sessions.journal")
 
@@ -28,7 +23,7 @@ class _Request:
     def __init__(self, agent_id: str, items: list):
         self.agent_id = agent_id
         self.items = items
-        self.result: list[EventRecord] | None = None
+        self.result: list | None = None  # the journal's EventRecords
         self.error: BaseException | None = None
         self.done = False
         self.lock = threading.Lock()
@@ -68,9 +63,12 @@ class GroupCommitter:
         self._committed = committed
         self._close_connection = close_connection
         self._refused = refused  # errors that fail a request, not the committer
-        self._reset()
+        #: Called with the number of facts of each batch written (benchmarks count them).
+        self.on_batch = None
+        self.reset()
 
-    def _reset(self) -> None:
+    def reset(self) -> None:
+        """Start afresh: no queue, no thread (a forked child has no committer thread)."""
         self._mutex = threading.Lock()  # guards _queue, _idle, _thread
         self._queue: list[_Request] = []
         self._idle = False  # the committer sleeps on _wake (and _wake is held)
@@ -82,7 +80,7 @@ class GroupCommitter:
         self._inflight: list[_Request] = []
         self._finished: list[_Request] = []
 
-    def submit(self, agent_id: str, items: list) -> list[EventRecord]:
+    def submit(self, agent_id: str, items: list) -> list:
         req = _Request(agent_id, items)
         with self._mutex:
             self._queue.append(req)
@@ -144,6 +142,8 @@ class GroupCommitter:
         for req in batch:  # queue order is kept within each agent
             by_agent.setdefault(req.agent_id, []).append(req)
         groups = [(agent_id, [r.items for r in reqs]) for agent_id, reqs in by_agent.items()]
+        if self.on_batch is not None:
+            self.on_batch(sum(len(r.items) for r in batch))
         try:
             written = self._commit_groups(groups, self._wake_callers)
         except self._refused as exc:

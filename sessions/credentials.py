@@ -7,24 +7,15 @@ and where bridge output is journaled (to redact them). Nothing else reads them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
+
+from sandboxes.launch import Secret
 
 from .models import Credential, Workspace
 from .specs import SpecError
 
 # Shorter values would redact ordinary words; such a "secret" protects nothing anyway.
 MIN_REDACT_LEN = 6
-
-
-@dataclass(frozen=True)
-class Secret:
-    name: str
-    env: str
-    value: str
-
-    def __repr__(self) -> str:  # never print a value by accident
-        return f"Secret(name={self.name!r}, env={self.env!r}, value=<hidden>)"
 
 
 def set_secret(workspace: Workspace, name: str, value: str) -> Credential:

@@ -114,7 +114,7 @@ def append_many(agent_id: str, facts: Iterable[Fact]) -> list[EventRecord]:
         return records
     if held is not None or db.execute_wrappers or db.force_debug_cursor:
         return _append_here(agent_id, items, held)
-    return _committer.submit(agent_id, items)
+    return committer.submit(agent_id, items)
 
 
 def _append_here(agent_id: str, items: list[tuple[str, dict, str]],
@@ -169,19 +169,44 @@ def _write_groups(
         with connections[DEFAULT_DB_ALIAS].cursor() as django_cur:
             return _write_groups(groups, django_cur)
     db = db or transaction.get_connection()  # the wrapper itself: each `connection.x` costs a lookup
-    now = timezone.now()
-    db_now = db.ops.adapt_datetimefield_value(now)
-    pg = db.vendor == "postgresql"
-    cast = "::jsonb" if pg else ""
-    rows: list[tuple] = []
-    out: list[list[list[EventRecord]]] = []
-    for agent_id, requests in groups:
+    batch = _Batch(cur, ph, db)
+    out = [batch.add(agent_id, requests) for agent_id, requests in groups]
+    batch.insert()
+    return out
+
+
+class _Batch:
+    """The rows of one transaction's appends, agent by agent."""
+
+    def __init__(self, cur, ph: str, db):
+        self.cur, self.ph, self.db = cur, ph, db
+        self.now = timezone.now()
+        self.db_now = db.ops.adapt_datetimefield_value(self.now)
+        self.pg = db.vendor == "postgresql"
+        self.rows: list[tuple] = []
+
+    def add(self, agent_id: str, requests) -> list[list[EventRecord]]:
+        """Bump the agent's head (and project its row), then stage its rows."""
         n = sum(len(items) for items in requests)
+        seq, at, at_db = self._bump(agent_id, n, _projection(
+            (t, d) for items in requests for t, d, _ in items))
+        per_request = []
+        for items in requests:
+            recs = []
+            for t, d, text in items:
+                self.rows.append((agent_id, seq, t, text, at_db))
+                recs.append(EventRecord(agent_id, seq, t, d, at))
+                seq += 1
+            per_request.append(recs)
+        return per_request
+
+    def _bump(self, agent_id: str, n: int, changes: dict[str, Any]):
+        """UPDATE … RETURNING: the first seq of the ``n`` new rows, and their ts."""
+        ph = self.ph
         sets, params = [f"last_seq = last_seq + {ph}"], [n]
-        changes = _projection((t, d) for items in requests for t, d, _ in items)
         if changes:
             unless_paused = changes.pop(UNLESS_PAUSED, False)
-            changes["updated_at"] = db_now
+            changes["updated_at"] = self.db_now
             for column, value in changes.items():
                 if unless_paused and column in ("status", "status_reason"):
                     # A paused agent stays paused whatever its turn does (state.HELD_BY_PAUSE).
@@ -192,59 +217,48 @@ def _write_groups(
         # PostgreSQL: the time is read once the agent row is locked, so ts never
         # goes back along seq (a writer that waited for the lock comes later).
         # SQLite's BEGIN IMMEDIATE already serialises writers before `now`.
-        clock = ", clock_timestamp()" if pg else ""
-        cur.execute(
+        clock = ", clock_timestamp()" if self.pg else ""
+        self.cur.execute(
             f"UPDATE agent_sessions_agent SET {', '.join(sets)} WHERE id = {ph} RETURNING last_seq{clock}",
             params + [agent_id],
         )
-        row = cur.fetchone()
+        row = self.cur.fetchone()
         if row is None:
             raise UnknownAgent(f"no agent {agent_id}")
-        at, at_db = (row[1], row[1]) if pg else (now, db_now)
-        seq = row[0] - n + 1
-        per_request = []
-        for items in requests:
-            recs = []
-            for t, d, text in items:
-                rows.append((agent_id, seq, t, text, at_db))
-                recs.append(EventRecord(agent_id, seq, t, d, at))
-                seq += 1
-            per_request.append(recs)
-        out.append(per_request)
-    cur.executemany(
-        "INSERT INTO agent_sessions_event (agent_id, seq, type, data, ts) "
-        f"VALUES ({ph}, {ph}, {ph}, {ph}{cast}, {ph})",
-        rows,
-    )
-    return out
+        at, at_db = (row[1], row[1]) if self.pg else (self.now, self.db_now)
+        return row[0] - n + 1, at, at_db
+
+    def insert(self) -> None:
+        ph, cast = self.ph, "::jsonb" if self.pg else ""
+        self.cur.executemany(
+            "INSERT INTO agent_sessions_event (agent_id, seq, type, data, ts) "
+            f"VALUES ({ph}, {ph}, {ph}, {ph}{cast}, {ph})",
+            self.rows,
+        )
 
 
 UNLESS_PAUSED = "_unless_paused"
 
 
 def _projection(facts) -> dict[str, Any]:
-    """The agent row's status and sandbox id as the facts (type, data) leave them,
-    mirroring the reducer (sessions.state): turn facts do not unpause an agent."""
+    """The agent row's status and sandbox id as the facts (type, data) leave
+    them, by the reducer's own projection (sessions/state.py); the row's
+    stored status decides what a paused agent's turn facts do."""
     changes: dict[str, Any] = {}
     known = None  # the status this batch set explicitly, if any
     for etype, data in facts:
-        if etype == "agent.status" and data.get("status") in AgentStatus.values:
-            changes["status"] = known = data["status"]
-            changes["status_reason"] = str(data.get("reason", ""))
-            changes.pop(UNLESS_PAUSED, None)
-        elif etype in state_mod._STATUS_BY_TYPE:
-            held = etype in state_mod.HELD_BY_PAUSE
-            if held and known == "paused":
-                continue
-            if held and known is None:
+        change = state_mod.status_change(etype, data)
+        if change is not None and change.status in AgentStatus.values \
+                and not (change.held_by_pause and known == AgentStatus.PAUSED):
+            if change.held_by_pause and known is None:
                 changes[UNLESS_PAUSED] = True  # the stored status decides
             else:
                 changes.pop(UNLESS_PAUSED, None)
-                known = state_mod._STATUS_BY_TYPE[etype]
-            changes["status"] = state_mod._STATUS_BY_TYPE[etype]
-            changes["status_reason"] = str(data.get("reason", ""))
-        if etype == "agent.sandbox" or (etype == "agent.restored" and data.get("new_sandbox_id")):
-            changes["sandbox_id"] = str(data.get("sandbox_id") or data.get("new_sandbox_id"))
+                known = change.status
+            changes["status"], changes["status_reason"] = change.status, change.reason
+        sandbox = state_mod.sandbox_change(etype, data)
+        if sandbox is not None:
+            changes["sandbox_id"] = sandbox
             if etype == "agent.sandbox":  # which engine holds it ("" when not recorded)
                 changes["sandbox_host"] = str(data.get("host") or "")[:255]
     return changes
@@ -309,7 +323,8 @@ def _translate(exc: BaseException) -> BaseException:
 
 
 # Looked up at call time (lambdas), so tests may replace _commit_groups.
-_committer = GroupCommitter(
+#: The process's group committer (sessions/committer.py).
+committer = GroupCommitter(
     commit_groups=lambda groups, before_commit: _commit_groups(groups, before_commit),
     translate=lambda exc: _translate(exc),
     unwritable=lambda agent_id, exc: note_unwritable(agent_id, exc),
@@ -318,7 +333,7 @@ _committer = GroupCommitter(
     refused=(JournalError, IntegrityError, DatabaseError),
 )
 if hasattr(os, "register_at_fork"):  # a forked child has no committer thread: start afresh
-    os.register_at_fork(after_in_child=_committer._reset)
+    os.register_at_fork(after_in_child=committer.reset)
 
 
 # --- read -----------------------------------------------------------------------
@@ -357,12 +372,14 @@ def page_before(agent_id: str, before: int, limit: int) -> Page:
 
 # --- replay -----------------------------------------------------------------------
 
-def replay(agent_id: str, *, through: int | None = None, write_snapshot: bool = True) -> dict:
-    """The agent's state: the newest usable snapshot plus the events after it.
+def replay(agent_id: str, *, through: int | None = None, write_snapshot: bool = True,
+           from_scratch: bool = False) -> dict:
+    """The agent's state: the newest usable snapshot (none ``from_scratch``)
+    plus the events after it.
 
     Raises Unrecoverable (and marks the agent so) when the transcript cannot be folded.
     """
-    start, state = _newest_snapshot(agent_id, through)
+    start, state = (0, state_mod.initial_state()) if from_scratch else _newest_snapshot(agent_id, through)
     rows = Event.objects.filter(agent_id=agent_id, seq__gt=start).order_by("seq")
     if through is not None:
         rows = rows.filter(seq__lte=through)
@@ -447,6 +464,15 @@ def _committed(agent_ids: list[str]) -> None:
 
 def unrecoverable_reason(agent_id: str) -> str | None:
     return _unwritable_marks.get(agent_id)
+
+
+def effective_status(agent: Agent) -> tuple[str, str]:
+    """Status and reason, honest even when the database could not take an
+    unrecoverable mark (pages and the API show this, never the bare row)."""
+    reason = unrecoverable_reason(agent.id)
+    if reason:
+        return AgentStatus.UNRECOVERABLE.value, reason
+    return agent.status, agent.status_reason
 
 
 def purge_agent(agent_id: str) -> None:

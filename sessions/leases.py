@@ -19,9 +19,9 @@ Two guards keep a run from being adopted while it is alive elsewhere:
   ``epoch`` grows each time the holder changes, so a worker that lost its lease
   cannot journal one more fact: :class:`LeaseLost`.
 
-Each change of holder is journaled as ``agent.worker`` {worker, epoch,
-previous} in the same transaction as the lease change, so the transcript shows
-which worker drove which stretch of it.
+Each change of holder is journaled as ``agent.worker`` by the worker that
+takes the lease, in the same transaction (sessions/worker/claims.py): this
+module writes no transcript facts, so the journal may use its fence.
 
 Clocks: expiry compares timestamps written by different machines; keep them
 in sync (NTP) and the lease long against any skew (default 20 s).
@@ -40,6 +40,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from .models import AgentLease
+
 
 class LeaseLost(Exception):
     """This worker no longer holds the agent's lease: stop driving it."""
@@ -53,6 +55,7 @@ class Held:
     epoch: int
     previous: str | None = None  # the holder this worker took the lease from
     expired: bool = False  # taken after the previous holder's lease timed out
+    taken: bool = False  # this acquire made this worker the holder (a new epoch)
 
 
 _bound: contextvars.ContextVar[Held | None] = contextvars.ContextVar("alineo_lease", default=None)
@@ -83,7 +86,7 @@ def _machine() -> str:
 def _make_holder() -> str:
     """ALINEO_WORKER_ID names the worker explicitly (then a dead holder is only
     ever noticed by its lease timing out)."""
-    named = (os.environ.get("ALINEO_WORKER_ID") or "").strip()
+    named = settings.ALINEO_WORKER_ID.strip()
     if named:
         return named[:200]
     pid = os.getpid()
@@ -123,9 +126,8 @@ def lease_seconds() -> float:
 
 def acquire(agent_id: str) -> Held | None:
     """Take (or keep) the agent's lease for this worker, or None when another
-    live worker holds it (or the agent does not exist)."""
-    from sessions.models import AgentLease
-
+    live worker holds it (or the agent does not exist). Call it in the
+    transaction that journals the change of holder (``taken``)."""
     me, now = holder(), timezone.now()
     until = now + timedelta(seconds=lease_seconds())
     with transaction.atomic():
@@ -137,8 +139,7 @@ def acquire(agent_id: str) -> Held | None:
                                               acquired_at=now, expires_at=until)
             except IntegrityError:  # another worker created it first, or no such agent
                 return None
-            _journal_change(agent_id, me, 1, None)
-            return Held(agent_id, 1)
+            return Held(agent_id, 1, taken=True)
         if row.holder == me:
             AgentLease.objects.filter(pk=agent_id).update(expires_at=until)
             return Held(agent_id, row.epoch)
@@ -148,21 +149,13 @@ def acquire(agent_id: str) -> Held | None:
         epoch = row.epoch + 1
         AgentLease.objects.filter(pk=agent_id, holder=row.holder, epoch=row.epoch).update(
             holder=me, epoch=epoch, acquired_at=now, expires_at=until)
-        _journal_change(agent_id, me, epoch, row.holder)
-        return Held(agent_id, epoch, row.holder, expired and not holder_is_dead(row.holder))
-
-
-def _journal_change(agent_id: str, me: str, epoch: int, previous: str | None) -> None:
-    from sessions import journal
-
-    journal.append(agent_id, "agent.worker", {"worker": me, "epoch": epoch, "previous": previous})
+        return Held(agent_id, epoch, row.holder, expired and not holder_is_dead(row.holder),
+                    taken=True)
 
 
 def free_for_me(agent_ids: list[str]) -> list[str]:
     """Of ``agent_ids``, those this worker may try to acquire (one query):
     no lease, its own, expired, or held by a dead worker on this machine."""
-    from sessions.models import AgentLease
-
     me, now = holder(), timezone.now()
     busy = {a for a, h, until in AgentLease.objects.filter(agent_id__in=agent_ids)
             .values_list("agent_id", "holder", "expires_at")
@@ -172,8 +165,6 @@ def free_for_me(agent_ids: list[str]) -> list[str]:
 
 def renew(agent_ids: list[str]) -> set[str]:
     """Extend this worker's leases on ``agent_ids``; the ones it still holds."""
-    from sessions.models import AgentLease
-
     if not agent_ids:
         return set()
     me = holder()
@@ -186,8 +177,6 @@ def renew(agent_ids: list[str]) -> set[str]:
 
 def release(agent_id: str) -> None:
     """Give the lease up now (the driver ended): any worker may take it at once."""
-    from sessions.models import AgentLease
-
     AgentLease.objects.filter(pk=agent_id, holder=holder()).update(expires_at=timezone.now())
 
 
@@ -207,8 +196,6 @@ def bound_for(agent_id: str) -> Held | None:
 
 def check(held: Held) -> None:
     """Inside a transaction: lock the lease row and verify it is still ours."""
-    from sessions.models import AgentLease
-
     ok = AgentLease.objects.filter(pk=held.agent_id, holder=holder(), epoch=held.epoch).update(
         epoch=held.epoch)
     if not ok:

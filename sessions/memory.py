@@ -15,13 +15,13 @@ MAX_KEY = 200
 MAX_LIST = 500
 
 
-class MemoryError_(ValueError):
+class MemoryRequestError(ValueError):
     """A request the memory cannot serve; the message goes back to the tool."""
 
 
 def handle(agent_id: str, op: Any, key: Any = None, value: Any = None) -> Any:
     """Serve one request: `get` → {"key", "value", "found"}; `set` → {"key", "ok"};
-    `list` → {"keys": [...]}. Raises MemoryError_ for a bad request."""
+    `list` → {"keys": [...]}. Raises MemoryRequestError for a bad request."""
     if op == "list":
         keys = list(
             AgentMemory.objects.filter(agent_id=agent_id)
@@ -30,11 +30,11 @@ def handle(agent_id: str, op: Any, key: Any = None, value: Any = None) -> Any:
         )
         return {"keys": keys}
     if not isinstance(key, str) or not key.strip() or len(key) > MAX_KEY:
-        raise MemoryError_(f"key must be a non-empty string of at most {MAX_KEY} characters")
+        raise MemoryRequestError(f"key must be a non-empty string of at most {MAX_KEY} characters")
     if op == "get":
         row = AgentMemory.objects.filter(agent_id=agent_id, key=key).first()
         return {"key": key, "found": row is not None, "value": row.value if row else None}
     if op == "set":
         AgentMemory.objects.update_or_create(agent_id=agent_id, key=key, defaults={"value": value})
         return {"key": key, "ok": True}
-    raise MemoryError_(f"unknown memory op {op!r} (get, set or list)")
+    raise MemoryRequestError(f"unknown memory op {op!r} (get, set or list)")

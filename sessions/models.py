@@ -11,6 +11,8 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from sandboxes.archive import KEEP_CHECKPOINTS
+
 
 def new_agent_id() -> str:
     return "ag_" + secrets.token_hex(8)
@@ -27,7 +29,7 @@ class Workspace(models.Model):
         help_text="Checkpoints expire this many days after they are taken (at most 30).",
     )
     keep_newest_checkpoints = models.PositiveSmallIntegerField(
-        default=3, validators=[MinValueValidator(1), MaxValueValidator(100)]
+        default=KEEP_CHECKPOINTS, validators=[MinValueValidator(1), MaxValueValidator(100)]
     )
     zero_data_retention = models.BooleanField(
         default=False, help_text="Take no checkpoints and no snapshots for this workspace's agents."
@@ -81,6 +83,10 @@ class AgentStatus(models.TextChoices):
     STOPPED = "stopped"
     LOST = "lost"
     UNRECOVERABLE = "unrecoverable"
+
+
+#: Statuses an agent never leaves: it and its sandbox have ended.
+ENDED = (AgentStatus.STOPPED, AgentStatus.LOST, AgentStatus.UNRECOVERABLE)
 
 
 class Agent(models.Model):

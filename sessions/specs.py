@@ -19,12 +19,16 @@ import math
 import re
 from typing import Any, Callable
 
+from sandboxes import images
+from sandboxes.backends import get_backend
+from sandboxes.backends.base import NETWORKS
+from sandboxes.errors import SandboxError
+
 TOOLS = ("bash", "read", "write", "edit", "spawn", "memory")
 HOOKS = ("session_start", "pre_tool_use", "stop")
-NETWORKS = ("none", "host")
 APPROVALS = ("auto", "hold")
 PROVIDERS = ("openai", "anthropic")
-DEFAULT_IMAGE = "default"  # the project's base image, built by sandboxes.images
+DEFAULT_IMAGE = images.DEFAULT_IMAGE  # the project's base image (sandboxes/images.py)
 #: The env variable a provider's key is read from (sandboxes/bridge/config.py).
 PROVIDER_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 
@@ -103,38 +107,24 @@ def _check_together(spec: dict[str, Any]) -> None:
 
 def check_available(spec: dict[str, Any], backend=None) -> None:
     """Checks against the sandbox backend (a normalized spec): an `image` other
-    than "default" must exist there (docker: `image inspect`; local: a snapshot
-    it made), and packages need the docker backend. Raises SpecError. A backend
-    that cannot answer now is not the spec's fault: it is let through (the
-    worker reports it when it creates the sandbox)."""
-    from sandboxes.errors import SandboxError
-
-    if backend is None:
-        from sandboxes.backends.base import get_backend
-
-        backend = get_backend()
-    if spec.get("packages") and backend.name != "docker":
-        raise SpecError("packages", "packages need the docker backend (this server runs "
-                                    "agents with the local backend, which installs nothing)")
+    than "default" must exist there, and packages need a backend that installs
+    them. Raises SpecError. A backend that cannot answer now is not the spec's
+    fault: it is let through (the worker reports it when it creates the sandbox)."""
+    backend = get_backend() if backend is None else backend
+    if spec.get("packages") and not backend.installs_packages:
+        raise SpecError("packages", f"packages need the docker backend (this server runs "
+                                    f"agents with the {backend.name} backend, which installs nothing)")
     image = spec.get("image") or DEFAULT_IMAGE
     if image == DEFAULT_IMAGE:
         return
-    if backend.name == "local" and not image.startswith("local-snapshot/"):
-        raise SpecError("image", f"image {image!r} does not exist: the local backend runs on "
-                                 'the host and knows only "default" and its own snapshots '
-                                 "(local-snapshot/<name>)")
     try:
         exists = backend.image_exists(image)
     except SandboxError as exc:
-        if getattr(exc, "permanent", False):
+        if exc.permanent:
             raise SpecError("image", f"{image!r} cannot be used: {exc}") from exc
         return
     if not exists:
-        where = ("on the Docker engine (build, import or pull it first)"
-                 if backend.name == "docker" else
-                 "as a snapshot of the local backend (local images are "
-                 "local-snapshot/<name> refs made by a commit)")
-        raise SpecError("image", f"image {image!r} does not exist {where}")
+        raise SpecError("image", f"image {image!r} does not exist {backend.image_hint}")
 
 
 def validate_for_spawn(spec: Any, backend=None) -> dict[str, Any]:

@@ -12,13 +12,13 @@ Snapshot formats are versioned. Every older format stays readable through
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, NamedTuple
 
 SNAPSHOT_VERSION = 2
 RECENT_MESSAGES = 20
 
 # Statuses an event type moves the agent to. Other types leave it unchanged.
-_STATUS_BY_TYPE = {
+STATUS_BY_TYPE = {
     "agent.spawned": "starting",
     "turn.started": "running",
     "turn.finished": "idle",
@@ -31,6 +31,38 @@ _STATUS_BY_TYPE = {
 # Facts of a turn that leave a paused agent paused: pause holds the agent,
 # whatever its turn does meanwhile; only `agent.status` (resume) releases it.
 HELD_BY_PAUSE = frozenset({"turn.started", "turn.finished", "turn.interrupted"})
+
+
+class StatusChange(NamedTuple):
+    """What one fact does to the agent's status: ``status`` None keeps it (an
+    ``agent.status`` without one still sets the reason); ``held_by_pause``: a
+    paused agent stays paused."""
+
+    status: str | None
+    reason: str
+    held_by_pause: bool
+
+
+def status_change(etype: str, data: dict) -> StatusChange | None:
+    """The status projection, one definition for the reducer and the journal's
+    agent row (sessions/journal.py): None when the fact leaves the status alone."""
+    if etype == "agent.status":
+        status = data.get("status")
+        return StatusChange(None if status is None else str(status), str(data.get("reason", "")),
+                            False)
+    if etype in STATUS_BY_TYPE:
+        return StatusChange(STATUS_BY_TYPE[etype], str(data.get("reason", "")),
+                            etype in HELD_BY_PAUSE)
+    return None
+
+
+def sandbox_change(etype: str, data: dict) -> str | None:
+    """The sandbox id a fact moves the agent to, or None."""
+    if etype == "agent.sandbox":
+        return str(data.get("sandbox_id", ""))
+    if etype == "agent.restored" and data.get("new_sandbox_id"):
+        return str(data["new_sandbox_id"])
+    return None
 
 
 class ReplayError(Exception):
@@ -63,9 +95,14 @@ def reduce(state: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
         raise ReplayError(f"transcript gap: expected seq {state['last_seq'] + 1}, found {seq}")
     new = dict(state)
     new["last_seq"] = seq
-    if etype in _STATUS_BY_TYPE and not (etype in HELD_BY_PAUSE and state["status"] == "paused"):
-        new["status"] = _STATUS_BY_TYPE[etype]
-        new["status_reason"] = str(data.get("reason", ""))
+    change = status_change(etype, data)
+    if change is not None and not (change.held_by_pause and state["status"] == "paused"):
+        if change.status is not None:
+            new["status"] = change.status
+        new["status_reason"] = change.reason
+    sandbox = sandbox_change(etype, data)
+    if sandbox is not None:
+        new["sandbox_id"] = sandbox
     handler = _HANDLERS.get(etype)
     if handler is not None:
         handler(new, seq, data, event.get("ts"))
@@ -83,11 +120,6 @@ def replay(events, state: dict[str, Any] | None = None) -> dict[str, Any]:
 
 def _spawned(s, seq, d, ts):
     s["parent"] = d.get("parent")
-
-
-def _status(s, seq, d, ts):
-    s["status"] = str(d.get("status", s["status"]))
-    s["status_reason"] = str(d.get("reason", ""))
 
 
 def _turn_started(s, seq, d, ts):
@@ -136,18 +168,10 @@ def _child_spawned(s, seq, d, ts):
 
 def _restored(s, seq, d, ts):
     s["last_restore"] = {"rung": d.get("rung"), "reason": d.get("reason"), "seq": seq, "ts": ts}
-    if d.get("new_sandbox_id"):
-        s["sandbox_id"] = d["new_sandbox_id"]
-
-
-def _sandbox(s, seq, d, ts):
-    s["sandbox_id"] = str(d.get("sandbox_id", ""))
 
 
 _HANDLERS = {
     "agent.spawned": _spawned,
-    "agent.status": _status,
-    "agent.sandbox": _sandbox,
     "turn.started": _turn_started,
     "turn.finished": _turn_settled,
     "turn.interrupted": _turn_settled,

@@ -18,7 +18,12 @@ import logging
 import sqlite3
 import threading
 
+from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import connections
+
+from .models import Agent
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +94,6 @@ def run_on_layer(make_coro) -> None:
     elif running is not None:
         _spawn(running, make_coro(layer))
     elif not _is_in_memory(layer):
-        from asgiref.sync import async_to_sync
-
         async_to_sync(make_coro)(layer)
 
 
@@ -146,16 +149,12 @@ def watched() -> list[str]:
 def watcher_enabled() -> bool:
     """Only the embedded default needs it: SQLite with the in-memory layer.
     On Redis, notify() already crosses processes."""
-    from django.db import connections
-
     if connections["default"].vendor != "sqlite":
         return False
     return _is_in_memory(get_channel_layer()) and _sqlite_path() is not None
 
 
 def _sqlite_path() -> str | None:
-    from django.db import connections
-
     name = str(connections["default"].settings_dict["NAME"])
     if not name or name == ":memory:" or "mode=memory" in name:
         return None
@@ -204,14 +203,10 @@ def _start_on(loop: asyncio.AbstractEventLoop) -> asyncio.Task | None:
 
 
 def _poll_interval() -> float:
-    from django.conf import settings
-
-    return max(0.01, float(getattr(settings, "ALINEO_DATA_VERSION_POLL_S", 0.25)))
+    return max(0.01, float(settings.ALINEO_DATA_VERSION_POLL_S))
 
 
 def _agent_table() -> str:
-    from .models import Agent
-
     return Agent._meta.db_table
 
 

@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 
 from tests.faults.harness import RUN_ID, cannot_run
-from tests.live import _parent_dir
+from tests.live import parent_dir
 
 
 class SecondDockerd:
@@ -24,7 +24,7 @@ class SecondDockerd:
         for tool in ("dockerd", "containerd", "docker"):
             if shutil.which(tool) is None:
                 cannot_run(f"{tool} is not installed")
-        self.root = Path(tempfile.mkdtemp(prefix="rb-", dir=_parent_dir()))
+        self.root = Path(tempfile.mkdtemp(prefix="rb-", dir=parent_dir()))
         self.data_root = self.root / "data"
         self.exec_root = self.root / "exec"
         self.pidfile = self.root / "dockerd.pid"

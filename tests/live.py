@@ -6,6 +6,8 @@
         live.note(agent, "hello")                 # a commit from another process
         live.restart()                            # same port, same data dir
 
+    LiveServer(root=other_tree)                   # another checkout's code (tests/upgrade)
+
 The server is `manage.py serve` (daphne and the worker on one loop) when that
 command exists, else plain daphne. It listens on 127.0.0.1 only and is stopped
 by its PID. Data dirs are made under $ALINEO_DATA_DIR (the test run's private
@@ -57,7 +59,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _parent_dir() -> Path:
+def parent_dir() -> Path:
     parent = Path(os.environ.get("ALINEO_DATA_DIR") or tempfile.gettempdir()) / "live"
     parent.mkdir(parents=True, exist_ok=True)
     return parent
@@ -82,19 +84,22 @@ def read_log(path: Path) -> str:
         return ""
 
 
-def server_command(port: int) -> list[str]:
-    if (ROOT / "sessions" / "management" / "commands" / "serve.py").exists():
+def server_command(port: int, root: Path = ROOT) -> list[str]:
+    if (root / "sessions" / "management" / "commands" / "serve.py").exists():
         return [PYTHON, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(port)]
     return [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "alineo_site.asgi:application"]
 
 
 class LiveServer:
     """One server process over one data dir. `env` adds or overrides settings
-    (e.g. ALINEO_SSE_HEARTBEAT_S); the data dir is always its own."""
+    (e.g. ALINEO_SSE_HEARTBEAT_S); the data dir is always its own. `root` is
+    the code it runs (default: this checkout), with this test run's python."""
 
     def __init__(self, env: dict[str, str] | None = None, data_dir: str | Path | None = None,
-                 keep: bool = False, startup_timeout: float = 60.0):
-        self.data_dir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="srv-", dir=_parent_dir()))
+                 keep: bool = False, startup_timeout: float = 60.0,
+                 root: str | Path | None = None):
+        self.root = Path(root) if root else ROOT
+        self.data_dir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="srv-", dir=parent_dir()))
         self.keep = keep or data_dir is not None
         self.extra_env = dict(env or {})
         self.startup_timeout = startup_timeout
@@ -132,7 +137,7 @@ class LiveServer:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                server_command(self.port), cwd=ROOT, env=self.env,
+                server_command(self.port, self.root), cwd=self.root, env=self.env,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
         self._wait_ready()
@@ -166,9 +171,18 @@ class LiveServer:
 
     def _migrate(self) -> None:
         """Copy a database migrated once per test session, else migrate here."""
+        if self.root != ROOT:  # the template is this checkout's schema
+            self.migrate()
+            return
         db = self.data_dir / "alineo.sqlite3"
         template = _migrated_template(self.env)
         shutil.copyfile(template, db)
+        self._migrated = True
+
+    def migrate(self) -> None:
+        """`manage.py migrate` of this server's code on its data dir as it is
+        (an upgrade in place); start() then keeps the database."""
+        self.manage("migrate", "--noinput", timeout=300)
         self._migrated = True
 
     def _wait_ready(self) -> None:
@@ -176,7 +190,7 @@ class LiveServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            if _answers(self.port):
+            if answers(self.port):
                 return
             time.sleep(0.1)
         self.stop()
@@ -186,7 +200,7 @@ class LiveServer:
 
     def manage(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
         result = subprocess.run(
-            [PYTHON, "manage.py", *args], cwd=ROOT, env=self.env,
+            [PYTHON, "manage.py", *args], cwd=self.root, env=self.env,
             capture_output=True, text=True, timeout=timeout,
         )
         if check and result.returncode != 0:
@@ -249,7 +263,7 @@ class LiveServer:
         return int(self.manage("note", agent_id, text).stdout.strip().splitlines()[-1])
 
 
-def _answers(port: int) -> bool:
+def answers(port: int) -> bool:
     """Any HTTP answer counts: the server is up."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
     try:
@@ -267,7 +281,7 @@ def _migrated_template(env: dict[str, str]) -> Path:
     global _template_db
     with _template_lock:
         if _template_db is None or not _template_db.exists():
-            template_dir = Path(tempfile.mkdtemp(prefix="template-", dir=_parent_dir()))
+            template_dir = Path(tempfile.mkdtemp(prefix="template-", dir=parent_dir()))
             run_env = dict(env, ALINEO_DATA_DIR=str(template_dir))
             result = subprocess.run(
                 [PYTHON, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=run_env,

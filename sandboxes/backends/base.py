@@ -1,4 +1,6 @@
-"""The sandbox backend contract: a small base class and its return types.
+"""The sandbox backend contract: a small base class, its capability hooks and
+its return types. The registry (which backend a process uses) is
+sandboxes/backends/__init__.py; docker.py and local.py import only this module.
 
 A *sandbox* is where an agent runs: a container (docker backend) or a directory
 plus a detached process group (local backend). Both backends offer the same
@@ -10,6 +12,8 @@ is written once:
     read_home(id) -> iterator of tar bytes · write_home(id, tar bytes iterator)
     commit(id, tag) -> snapshot ref · stop(id) · remove(id) · home(id) -> path
 
+Where the backends differ, callers ask a capability (``installs_packages``,
+``restarts_in_place``, ``run_dir_inside()`` …), never the backend's name.
 Every failure is a :class:`sandboxes.errors.SandboxError`.
 """
 
@@ -17,12 +21,12 @@ from __future__ import annotations
 
 import abc
 import enum
-import functools
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
 
-from sandboxes.errors import BackendUnavailable, SandboxError
+from sandboxes.errors import ImageMissing, SandboxError
 
 #: The placeholder sandbox command until the bridge exists: a long-running,
 #: stdlib-only python process. Backends take ``command=`` to run something else.
@@ -32,8 +36,9 @@ PLACEHOLDER_COMMAND: tuple[str, ...] = (
     "import time\nwhile True:\n    time.sleep(3600)",
 )
 
-#: Package caches left out of every home tar (BRIEF §2). `.rustup` is kept on
-#: purpose: it holds toolchains, not caches.
+#: Package caches left out of every home tar: they are big, and any package
+#: manager fetches them again. `.rustup` is kept on purpose: it holds
+#: toolchains, not caches.
 HOME_EXCLUDES: tuple[str, ...] = (
     "--exclude=./.cache",
     "--exclude=./.npm",
@@ -140,11 +145,47 @@ class SandboxBackend(abc.ABC):
 
     name: str = ""
 
+    #: The sandbox has a root file system of its own: Debian packages can be
+    #: installed, users added, files written outside the home (``/inputs``).
+    installs_packages: bool = False
+    #: ``start()`` of an exited sandbox brings back the whole sandbox with its
+    #: disk (the ladder's *restart* rung); otherwise an exited sandbox only
+    #: means its bridge process ended, and starting it is a *resume*.
+    restarts_in_place: bool = False
+    #: Where a spec's ``image`` must come from, for the error when it does not exist.
+    image_hint: str = ""
+    #: Its images live in an engine, outside the data dir: a backup saves them.
+    has_engine_images: bool = False
+
     @property
     def host(self) -> str:
         """Which engine this backend drives, as recorded with each sandbox
         (Agent.sandbox_host) so that any worker can reach the sandbox again."""
         return f"{self.name}:{socket.gethostname()}"
+
+    # --- capability hooks (defaults fit a sandbox that shares the host's paths) ----------
+    def run_dir_inside(self, run_dir: Path) -> str:
+        """The path under which the sandbox's processes see ``run_dir``."""
+        return str(run_dir)
+
+    def bridge_command(self, run_dir: Path) -> list[str]:
+        """The command that runs the bridge copied into ``run_dir``; it finds
+        its run dir and home in ``$ALINEO_RUN_DIR`` and ``$HOME``, which
+        :meth:`create` sets."""
+        return ["python3", "-m", "bridge"]
+
+    def share_run_dir(self, run_dir: Path) -> None:
+        """Make ``run_dir`` usable by the sandbox's processes (before create)."""
+
+    def install_inputs(self, sandbox_id: str, staged: str) -> None:
+        """Copy wait-for inputs staged in the run dir (``staged``, as seen
+        inside) to where the agent reads them; a no-op where the run dir
+        itself is where they are read."""
+
+    def snapshot_ref(self, kind: str, name: str) -> str:
+        """The tag :meth:`commit` is given for a snapshot of ``kind``
+        ("setup", "session") named ``name``."""
+        return f"{kind}-{name}"
 
     # --- lifecycle -----------------------------------------------------------
     @abc.abstractmethod
@@ -218,12 +259,14 @@ class SandboxBackend(abc.ABC):
     @abc.abstractmethod
     def image_exists(self, image: str) -> bool: ...
 
+    @abc.abstractmethod
+    def remove_image(self, image: str) -> None:
+        """Remove a snapshot made by :meth:`commit`; a missing one is a no-op."""
+
     def image_id(self, image: str) -> str:
         """A stable identity of what ``image`` holds now (docker: the image id),
         so a setup snapshot built on it is rebuilt when the image changes.
         Raises ImageMissing when it does not exist."""
-        from sandboxes.errors import ImageMissing
-
         if not self.image_exists(image):
             raise ImageMissing(f"image {image} not found")
         return image
@@ -232,7 +275,7 @@ class SandboxBackend(abc.ABC):
         return f"<{type(self).__name__}>"
 
 
-def _validate_create_args(agent_id: str, image: str, network: str) -> None:
+def validate_create_args(agent_id: str, image: str, network: str) -> None:
     if not agent_id or not isinstance(agent_id, str):
         raise SandboxError("agent_id must be a non-empty string", permanent=True)
     if not image or not isinstance(image, str):
@@ -241,103 +284,3 @@ def _validate_create_args(agent_id: str, image: str, network: str) -> None:
         raise SandboxError(
             f"network must be one of {', '.join(NETWORKS)}, not {network!r}", permanent=True
         )
-
-
-def docker_engine_answers(timeout: float = 3.0) -> bool:
-    """True when a Docker engine (DOCKER_HOST or the default socket) answers a ping."""
-    try:
-        import docker
-
-        client = docker.from_env(timeout=timeout)
-        try:
-            return bool(client.ping())
-        finally:
-            client.close()
-    except Exception:  # noqa: BLE001 - any failure means "no engine"
-        return False
-
-
-@functools.lru_cache(maxsize=None)
-def _backend(name: str) -> SandboxBackend:
-    if name == "docker":
-        from sandboxes.backends.docker import DockerBackend
-
-        return DockerBackend()
-    if name == "local":
-        from sandboxes.backends.local import LocalBackend
-
-        return LocalBackend()
-    raise SandboxError(f"unknown sandbox backend {name!r} (auto, docker or local)", permanent=True)
-
-
-@functools.lru_cache(maxsize=1)
-def _auto_backend_name() -> str:
-    """Decided once per process: an engine that appears later needs a restart."""
-    return "docker" if docker_engine_answers() else "local"
-
-
-def resolve_backend_name(setting: str | None = None) -> str:
-    """``auto`` becomes ``docker`` when an engine answers, else ``local``."""
-    if setting is None:
-        from django.conf import settings
-
-        setting = getattr(settings, "ALINEO_SANDBOX", "auto") or "auto"
-    setting = setting.strip().lower()
-    if setting == "auto":
-        return _auto_backend_name()
-    if setting not in ("docker", "local"):
-        raise SandboxError(
-            f"ALINEO_SANDBOX must be auto, docker or local, not {setting!r}", permanent=True
-        )
-    return setting
-
-
-def get_backend(name: str | None = None) -> SandboxBackend:
-    """The backend named by ``name`` or settings.ALINEO_SANDBOX (one instance
-    per process and name). Forcing ``docker`` without an engine gives a backend
-    whose calls raise BackendUnavailable."""
-    return _backend(resolve_backend_name(name))
-
-
-def backend_for(host: str | None) -> SandboxBackend:
-    """The backend that reaches the engine ``host`` (an Agent.sandbox_host):
-    this worker's own backend when it is that engine (or nothing was recorded),
-    else a Docker client for the recorded DOCKER_HOST. Raises
-    BackendUnavailable for a local sandbox of another machine."""
-    own = get_backend()
-    if not host or host == own.host:
-        return own
-    if host.startswith("local:"):
-        if host == f"local:{socket.gethostname()}":
-            return get_backend("local")  # this machine's, though this worker runs Docker
-        raise BackendUnavailable(f"sandbox host {host} is another machine's local backend")
-    return _docker_at(host)
-
-
-def bridge_reachable(host: str | None) -> bool:
-    """Whether this worker can talk to a bridge on engine ``host``: the bridge
-    listens on a unix socket in a run dir bind-mounted from the engine's
-    machine, so only engines on this machine (unix sockets, this host's
-    local backend) qualify. On a tcp:// or ssh:// engine the sandbox can be
-    inspected and removed, not driven."""
-    if not host:
-        return True
-    if host.startswith("local:"):
-        return host == f"local:{socket.gethostname()}"
-    return host.startswith(("unix://", "npipe://"))
-
-
-@functools.lru_cache(maxsize=None)
-def _docker_at(base_url: str) -> SandboxBackend:
-    from sandboxes.backends.docker import DockerBackend
-
-    return DockerBackend(base_url=base_url)
-
-
-def _clear_caches() -> None:
-    _docker_at.cache_clear()
-    _backend.cache_clear()
-    _auto_backend_name.cache_clear()
-
-
-get_backend.cache_clear = _clear_caches  # type: ignore[attr-defined]

@@ -16,8 +16,10 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
 
+from sandboxes import config
 from sandboxes.backends.base import (
     CONTAINER_RUN_DIR,
     LABEL_AGENT,
@@ -28,8 +30,8 @@ from sandboxes.backends.base import (
     SandboxBackend,
     SandboxHandle,
     SandboxStatus,
-    _validate_create_args,
     home_tar_argv,
+    validate_create_args,
 )
 from sandboxes.errors import (
     BackendUnavailable,
@@ -40,6 +42,8 @@ from sandboxes.errors import (
     SandboxNotFound,
     SandboxNotRunning,
 )
+from sandboxes.images import DEFAULT_IMAGE, resolve_image
+from sandboxes.safe_tar import validated_tar
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +55,12 @@ _EXEC_GRACE_S = 15
 
 class DockerBackend(SandboxBackend):
     name = "docker"
+    installs_packages = True
+    restarts_in_place = True
+    has_engine_images = True
+    image_hint = "on the Docker engine (build, import or pull it first)"
+    #: Where snapshots of each kind are committed (the repository of the tag).
+    SNAPSHOT_REPOSITORIES = {"setup": "alineo-setup", "session": "alineo-snapshot"}
 
     def __init__(self, client=None, *, api_timeout: float = 120, base_url: str | None = None):
         self._client = client
@@ -59,6 +69,26 @@ class DockerBackend(SandboxBackend):
         self._api_timeout = api_timeout
         self._lock = threading.Lock()
         self._stream_client = None
+
+    # --- capability hooks ---------------------------------------------------------------
+    def run_dir_inside(self, run_dir: Path) -> str:
+        return CONTAINER_RUN_DIR
+
+    def bridge_command(self, run_dir: Path) -> list[str]:
+        return ["python3", "-m", "bridge", "--run-dir", CONTAINER_RUN_DIR, "--home", HOME]
+
+    def share_run_dir(self, run_dir: Path) -> None:
+        run_dir.chmod(0o777)  # the bridge may run as another uid than the control plane
+
+    def install_inputs(self, sandbox_id: str, staged: str) -> None:
+        """``<staged>/*.txt`` to ``/inputs/`` and ``<staged>/inputs.json`` to ``/inputs.json``."""
+        script = (f"mkdir -p /inputs && for f in {staged}/*.txt; do "
+                  "[ -e \"$f\" ] && cp \"$f\" /inputs/; done; "
+                  f"[ -e {staged}/inputs.json ] && cp {staged}/inputs.json /inputs.json; true")
+        self.exec(sandbox_id, ["sh", "-c", script], timeout=30)
+
+    def snapshot_ref(self, kind: str, name: str) -> str:
+        return f"{self.SNAPSHOT_REPOSITORIES[kind]}:{name}"  # a tag holds <= 128 chars
 
     # --- clients ---------------------------------------------------------------
     @property
@@ -71,7 +101,7 @@ class DockerBackend(SandboxBackend):
 
     @property
     def host(self) -> str:
-        return self._base_url or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
+        return self._base_url or config.docker_host() or DEFAULT_DOCKER_HOST
 
     @property
     def stream_client(self):
@@ -144,47 +174,18 @@ class DockerBackend(SandboxBackend):
         command: Sequence[str] | None = None,
         cap_add: Sequence[str] = (),
     ) -> str:
-        import docker.types
-
-        from sandboxes.images import DEFAULT_IMAGE, resolve_image
-
-        _validate_create_args(agent_id, image, network)
+        validate_create_args(agent_id, image, network)
         wanted, image = image, resolve_image(image)
         try:
             limits = Limits.from_spec(limits)
         except (TypeError, ValueError) as exc:
             raise SandboxError(str(exc), permanent=True) from exc
-        all_labels = {**(labels or {}), LABEL_MANAGED: "1", LABEL_AGENT: str(agent_id)}
-        environment = {
-            **(env or {}),
-            "HOME": HOME,
-            "ALINEO_AGENT_ID": str(agent_id),
-            "ALINEO_RUN_DIR": CONTAINER_RUN_DIR,
-        }
-        mounts = []
-        if run_dir is not None:
-            run_dir = os.path.abspath(run_dir)
-            os.makedirs(run_dir, mode=0o755, exist_ok=True)
-            mounts.append(docker.types.Mount(CONTAINER_RUN_DIR, run_dir, type="bind"))
-        kwargs = dict(
-            image=image,
-            command=list(command or PLACEHOLDER_COMMAND),
-            detach=True,
-            init=True,
-            network_mode=network,
-            cap_drop=["ALL"],
-            cap_add=list(cap_add) or None,
-            security_opt=["no-new-privileges"],
-            pids_limit=limits.pids,
-            mem_limit=f"{limits.memory_mb}m",
-            memswap_limit=f"{limits.memory_mb}m",
-            labels=all_labels,
-            environment=environment,
-            working_dir=HOME,
-            mounts=mounts,
-        )
-        if limits.cpus:
-            kwargs["nano_cpus"] = int(limits.cpus * 1e9)
+        kwargs = _container_config(
+            image, limits=limits, network=network, run_dir=run_dir,
+            env={**(env or {}), "HOME": HOME, "ALINEO_AGENT_ID": str(agent_id),
+                 "ALINEO_RUN_DIR": CONTAINER_RUN_DIR},
+            labels={**(labels or {}), LABEL_MANAGED: "1", LABEL_AGENT: str(agent_id)},
+            command=list(command or PLACEHOLDER_COMMAND), cap_add=list(cap_add))
         with self._errors(image=image):
             if not self.image_exists(image):
                 if wanted == DEFAULT_IMAGE:
@@ -267,7 +268,7 @@ class DockerBackend(SandboxBackend):
         or None when the fast path does not apply. The fd (not the path) is what
         the host tar works in: a container that turned /root into a symlink
         (to "/etc", say, which the host would resolve to ITS /etc) is refused."""
-        if os.environ.get("ALINEO_DOCKER_HOST_TAR", "1") == "0" or os.geteuid() != 0:
+        if not config.docker_host_tar() or os.geteuid() != 0:
             return None
         if not self.host.startswith("unix://"):  # another machine's engine: its disk is not here
             return None
@@ -342,8 +343,6 @@ class DockerBackend(SandboxBackend):
         aborts the upload before any of its bytes reach the engine (entries
         before it stay, all inside the home). Checking while streaming saves
         the spool-then-check pass (~0.3 s for 5,000 files)."""
-        from sandboxes.safe_tar import validated_tar
-
         with self._errors(sandbox_id):
             self.stream_client.api.put_archive(sandbox_id, HOME, validated_tar(tar_chunks))
 
@@ -396,10 +395,8 @@ class DockerBackend(SandboxBackend):
 
     def image_exists(self, image: str) -> bool:
         import docker.errors as de
-        from sandboxes.images import resolve_image
 
         image = resolve_image(image)
-
         with self._errors(image=image):
             try:
                 self.client.api.inspect_image(image)
@@ -409,7 +406,6 @@ class DockerBackend(SandboxBackend):
 
     def image_id(self, image: str) -> str:
         import docker.errors as de
-        from sandboxes.images import resolve_image
 
         image = resolve_image(image)
         with self._errors(image=image):
@@ -428,6 +424,30 @@ class DockerBackend(SandboxBackend):
                 pass
 
 
+def _container_config(image: str, *, limits: Limits, network: str,
+                      run_dir: str | None, env: dict, labels: dict, command: list,
+                      cap_add: list) -> dict:
+    """``containers.create`` arguments: under docker-init, every capability
+    dropped but ``cap_add``, no new privileges, the limits, the run dir bound."""
+    import docker.types
+
+    mounts = []
+    if run_dir is not None:
+        run_dir = os.path.abspath(run_dir)
+        os.makedirs(run_dir, mode=0o755, exist_ok=True)
+        mounts.append(docker.types.Mount(CONTAINER_RUN_DIR, run_dir, type="bind"))
+    config = dict(
+        image=image, command=command, detach=True, init=True, network_mode=network,
+        cap_drop=["ALL"], cap_add=cap_add or None, security_opt=["no-new-privileges"],
+        pids_limit=limits.pids, mem_limit=f"{limits.memory_mb}m",
+        memswap_limit=f"{limits.memory_mb}m", labels=labels, environment=env,
+        working_dir=HOME, mounts=mounts,
+    )
+    if limits.cpus:
+        config["nano_cpus"] = int(limits.cpus * 1e9)
+    return config
+
+
 def _map_state(state: str) -> SandboxStatus:
     state = (state or "").lower()
     if state in ("running", "restarting", "paused"):
@@ -441,11 +461,3 @@ def _map_state(state: str) -> SandboxStatus:
 
 def _explain(exc) -> str:
     return str(getattr(exc, "explanation", None) or exc)
-
-
-def _chunks(fileobj, size: int = 1 << 20) -> Iterator[bytes]:
-    while True:
-        chunk = fileobj.read(size)
-        if not chunk:
-            return
-        yield chunk

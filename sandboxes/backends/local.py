@@ -1,7 +1,7 @@
 """Local backend: a directory and a detached process group per sandbox.
 
 For machines without Docker. Layout under ``<root>`` (default
-``settings.DATA_DIR / "sandboxes"``)::
+the data dir's ``sandboxes/``, sandboxes/config.py)::
 
     <id>/home/        the agent's home ($HOME for its processes)
     <id>/run/         the run dir ($ALINEO_RUN_DIR) unless create() was given one
@@ -27,6 +27,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
 from urllib.parse import quote
 
+from sandboxes import config
 from sandboxes.backends.base import (
     LABEL_AGENT,
     LABEL_MANAGED,
@@ -44,8 +46,8 @@ from sandboxes.backends.base import (
     SandboxBackend,
     SandboxHandle,
     SandboxStatus,
-    _validate_create_args,
     home_tar_argv,
+    validate_create_args,
 )
 from sandboxes.errors import (
     ExecFailed,
@@ -55,6 +57,7 @@ from sandboxes.errors import (
     SandboxNotFound,
     SandboxNotRunning,
 )
+from sandboxes.safe_tar import as_fileobj, safe_extract
 
 SNAPSHOT_PREFIX = "local-snapshot/"
 _SNAPSHOTS = "_snapshots"
@@ -62,13 +65,18 @@ _SNAPSHOTS = "_snapshots"
 
 class LocalBackend(SandboxBackend):
     name = "local"
+    image_hint = ("as a snapshot of the local backend: it runs on the host and knows only "
+                  '"default" and its own snapshots (local-snapshot/<name>, made by a commit)')
 
     def __init__(self, root: str | os.PathLike | None = None):
-        if root is None:
-            from django.conf import settings
+        self.root = Path(config.data_dir().sandboxes if root is None else root).resolve()
 
-            root = Path(settings.DATA_DIR) / "sandboxes"
-        self.root = Path(root).resolve()
+    def bridge_command(self, run_dir: Path) -> list[str]:
+        # -S: no site-packages of the host's python in the bridge (it is stdlib only).
+        return [sys.executable, "-S", "-m", "bridge"]
+
+    def snapshot_ref(self, kind: str, name: str) -> str:
+        return f"{SNAPSHOT_PREFIX}{kind}-{name}"
 
     # --- paths -------------------------------------------------------------------
     def _dir(self, sandbox_id: str) -> Path:
@@ -121,7 +129,7 @@ class LocalBackend(SandboxBackend):
         command: Sequence[str] | None = None,
         cap_add: Sequence[str] = (),
     ) -> str:
-        _validate_create_args(agent_id, image, network)
+        validate_create_args(agent_id, image, network)
         try:
             limits = Limits.from_spec(limits)
         except (TypeError, ValueError) as exc:
@@ -283,8 +291,6 @@ class LocalBackend(SandboxBackend):
             )
 
     def write_home(self, sandbox_id: str, tar_chunks: Iterable[bytes]) -> None:
-        from sandboxes.safe_tar import as_fileobj, safe_extract
-
         self._existing(sandbox_id)
         safe_extract(as_fileobj(tar_chunks), self.home(sandbox_id))
 
@@ -367,10 +373,10 @@ class LocalBackend(SandboxBackend):
         return out
 
     def image_exists(self, image: str) -> bool:
-        """Local snapshots must exist; any other image name means "the host"."""
+        """A local snapshot exists when its copy does; "default" is the host."""
         if image.startswith(SNAPSHOT_PREFIX):
             return (self._snapshot_dir(image) / "home").is_dir()
-        return True
+        return image == "default"
 
     def image_id(self, image: str) -> str:
         """A snapshot's id (new at each commit); the host "image" is its name."""

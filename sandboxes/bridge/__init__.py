@@ -2,8 +2,7 @@
 
 Standard library only: it runs in any image with python3 (3.11+). Run it as
 ``python3 -m bridge`` from the directory holding this package, or as
-``python3 /path/to/bridge/__main__.py``. The protocol is in docs/BRIDGE.md.
+``python3 /path/to/bridge/__main__.py``. The protocol is in docs/BRIDGE.md and
+protocol.py, which the host imports too: keep this module free of imports, so
+that importing ``sandboxes.bridge.protocol`` loads nothing of the runner.
 """
-
-#: Bumped when the session file or protocol changes meaning (stored with checkpoints).
-HARNESS_REVISION = "bridge-1"

@@ -28,6 +28,17 @@ from . import conversation as conv
 from . import orphans
 from .cancel import Cancelled, CancelToken
 from .hooks import Hooks
+from .protocol import (
+    PROTOCOL_VERSION,
+    AbortAnswer,
+    BridgeState,
+    PauseAnswer,
+    PromptAnswer,
+    SeedAnswer,
+    Status,
+    SteerAnswer,
+    TurnInfo,
+)
 from .providers import ModelError, Provider, StepRequest
 from .session import Session, utcnow
 from .tools import ToolContext, ToolOutcome, run_tool
@@ -76,48 +87,48 @@ class Runner:
         return self.session.state
 
     # --- requests from clients (any thread) -------------------------------------
-    def enqueue(self, text: str, command_id: str | None) -> dict:
+    def enqueue(self, text: str, command_id: str | None) -> PromptAnswer:
         """Accept a prompt; FIFO behind the running turn. A command id seen
         before returns the turn it was given, with no second effect."""
         with self.session.lock:
             turn = self.session.turn_for(command_id)
             if turn is not None:
-                return {"turn": turn, "duplicate": True}
+                return PromptAnswer(turn, duplicate=True)
             self.state["turns"] += 1
             turn = self.state["turns"]
             self.state["queue"].append({"turn": turn, "command_id": command_id, "text": text})
             self.session.remember(command_id, turn)
             ahead = len(self.state["queue"]) - 1 + (1 if self.state["current"] else 0)
             self.session.commit()
-            return {"turn": turn, "queued": ahead > 0, "position": ahead}
+            return PromptAnswer(turn, queued=ahead > 0, position=ahead)
 
-    def steer(self, text: str, command_id: str | None = None) -> dict:
+    def steer(self, text: str, command_id: str | None = None) -> SteerAnswer:
         """Deliver at the next step boundary. `command_id` is an idempotency key,
         as for prompts: a steer sent again after a crash is delivered once."""
         with self.session.lock:
             seen = self.session.turn_for(command_id)
             if seen is not None:
-                return {"turn": seen, "duplicate": True}
+                return SteerAnswer(seen, duplicate=True)
             cur = self.state["current"]
             if cur is None:
                 raise Busy("no_turn", "no turn is running: send a prompt instead")
             cur["steers"].append(text)
             self.session.remember(command_id, cur["turn"])
             self.session.commit()  # an accepted steer must survive a crash
-            return {"turn": cur["turn"]}
+            return SteerAnswer(cur["turn"])
 
-    def abort(self, reason: str = "aborted") -> dict:
+    def abort(self, reason: str = "aborted") -> AbortAnswer:
         with self.session.lock:
             cur, token = self.state["current"], self.cancel
             if cur is None:
-                return {"aborted": False}
+                return AbortAnswer(False)
             self._settle(cur, reason)
             self.session.commit()
         if token is not None:
             token.cancel(reason)  # outside the lock: kills process groups, closes sockets
-        return {"aborted": True, "turn": cur["turn"]}
+        return AbortAnswer(True, cur["turn"])
 
-    def pause(self, paused: bool) -> dict:
+    def pause(self, paused: bool) -> PauseAnswer:
         """Hold (or release) the agent: the step in flight finishes, the next
         one waits at its boundary, and no queued prompt starts. Persisted, so
         a paused agent stays paused across a bridge restart."""
@@ -129,9 +140,9 @@ class Runner:
                                   {"turn": cur["turn"] if cur else None})
                 self.session.commit()
                 self.session.changed.notify_all()
-            return {"paused": paused}
+            return PauseAnswer(paused)
 
-    def seed(self, messages, turns=None) -> dict:
+    def seed(self, messages, turns=None) -> SeedAnswer:
         """Start a fresh session from a conversation (the "rebuild" rung)."""
         msgs = conv.validate(messages)
         with self.session.lock:
@@ -144,24 +155,24 @@ class Runner:
             self.session.emit("session.seeded",
                               {"messages": len(msgs), "turns": self.state["turns"]})
             self.session.commit()
-            return {"messages": len(msgs), "turns": self.state["turns"]}
+            return SeedAnswer(len(msgs), self.state["turns"])
 
-    def status(self) -> dict:
+    def status(self) -> Status:
         with self.session.lock:
             cur = self.state["current"]
-            return {
-                "state": "running" if cur else "idle",
-                "paused": bool(self.state.get("paused")),
-                "turn": None if cur is None else {
-                    "turn": cur["turn"], "command_id": cur["command_id"], "step": cur["step"]},
-                "queued": [q["turn"] for q in self.state["queue"]],
-                "head": self.session.head(),
-                "acked": self.state["acked"],
-                "session_id": self.state["session_id"],
-                "model": self.provider.label,
-                "turns": self.state["turns"],
-                "pending_requests": self.tool_ctx.requests.pending(),
-            }
+            return Status(
+                state=BridgeState.RUNNING if cur else BridgeState.IDLE,
+                paused=bool(self.state.get("paused")),
+                turn=None if cur is None else TurnInfo(cur["turn"], cur["command_id"], cur["step"]),
+                queued=tuple(q["turn"] for q in self.state["queue"]),
+                head=self.session.head(),
+                acked=self.state["acked"],
+                session_id=self.state["session_id"],
+                model=self.provider.label,
+                turns=self.state["turns"],
+                pending_requests=tuple(self.tool_ctx.requests.pending()),
+                protocol=PROTOCOL_VERSION,
+            )
 
     # --- startup and shutdown ---------------------------------------------------------
     def resume(self, resumed: bool, source: str) -> None:

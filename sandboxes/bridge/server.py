@@ -7,19 +7,25 @@ away never affects turns: they belong to the runner thread.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socketserver
 
 from .ops import OpError, Ops
+from .protocol import (
+    MAX_LINE,
+    MAX_MESSAGE,
+    MAX_SOCKET_PATH,
+    ErrorCode,
+    ErrorInfo,
+    ProtocolError,
+    decode_line,
+    encode_line,
+    error_answer,
+    ok_answer,
+)
 
 log = logging.getLogger("bridge")
-
-#: sun_path is 108 bytes including the terminating NUL.
-MAX_SOCKET_PATH = 107
-#: A request line may hold a whole seed conversation.
-MAX_LINE = 64 * 1024 * 1024
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -36,7 +42,7 @@ class _Handler(socketserver.StreamRequestHandler):
                 continue
             response = _respond(ops, line)
             try:
-                self.wfile.write(json.dumps(response, ensure_ascii=False).encode("utf-8") + b"\n")
+                self.wfile.write(encode_line(response))
                 self.wfile.flush()
             except OSError:
                 return  # the client left; nothing else depends on it
@@ -46,23 +52,26 @@ class _Handler(socketserver.StreamRequestHandler):
 
 def _respond(ops: Ops, line: bytes) -> dict:
     try:
-        req = json.loads(line)
-    except ValueError:
-        return _error(None, "bad_json", "the request line is not JSON")
+        req = decode_line(line)
+    except ProtocolError:
+        return _error(None, ErrorInfo(ErrorCode.BAD_JSON, "the request line is not JSON"))
     if not isinstance(req, dict):
-        return _error(None, "bad_request", "a request is a JSON object")
+        return _error(None, ErrorInfo(ErrorCode.BAD_REQUEST, "a request is a JSON object"))
     rid = req.get("id")
     try:
-        return {"id": rid, "ok": True, **ops.handle(req)}
+        return ok_answer(rid, ops.handle(req))
     except OpError as exc:
-        return _error(rid, exc.code, str(exc), **exc.extra)
+        return _error(rid, exc.info())
     except Exception as exc:  # noqa: BLE001 - answer, log, keep serving
         log.exception("op %r failed", req.get("op"))
-        return _error(rid, "internal", f"{type(exc).__name__}: {exc}")
+        return _error(rid, ErrorInfo(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
 
 
-def _error(rid, code: str, message: str, **extra) -> dict:
-    return {"id": rid, "ok": False, "error": {"code": code, "message": message, **extra}}
+def _error(rid, error: ErrorInfo) -> dict:
+    # The host refuses longer messages (protocol.py): cut ours to fit.
+    if len(error.message) > MAX_MESSAGE:
+        error = ErrorInfo(error.code, error.message[:MAX_MESSAGE], error.extra)
+    return error_answer(rid, error)
 
 
 class BridgeServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):

@@ -22,8 +22,8 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from .. import journal
+from ..access import user_from_bearer
 from ..commands import CommandRefused, Outcome
-from .auth import user_from_bearer
 from .errors import ApiError, error_response
 
 log = logging.getLogger(__name__)

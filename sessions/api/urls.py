@@ -1,4 +1,4 @@
-"""JSON API routes (BRIEF 5.2). A trailing slash is optional. The catch-all at
+"""JSON API routes. A trailing slash is optional. The catch-all at
 the end makes every other /api/ path a JSON 404 instead of Django's HTML page.
 /api/agents/{id}/stream is routed in alineo_site/asgi.py, before Django."""
 

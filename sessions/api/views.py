@@ -1,4 +1,4 @@
-"""The JSON API (BRIEF 5.2). Views only read: every write goes through
+"""The JSON API. Views only read: every write goes through
 sessions.commands (idempotent, one transaction) and every event read through
 sessions.journal. The SSE stream is routed in asgi.py, before Django."""
 
@@ -14,9 +14,9 @@ from django.views import defaults
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from .. import approvals, commands, forks, journal
+from .. import commands, journal
+from ..access import visible_agent
 from ..models import Agent, AgentStatus, Checkpoint, Command, Event, iso_ts
-from .auth import visible_agent
 from .errors import ApiError, error_response, not_found
 from .handler import api_view, idempotency_key, json_body, outcome_response, query_int
 
@@ -31,16 +31,8 @@ def _agent(user, agent_id: str) -> Agent:
     return agent
 
 
-def _status(agent: Agent) -> tuple[str, str]:
-    """Status and reason, honest even when the database could not take an unrecoverable mark."""
-    reason = journal.unrecoverable_reason(agent.id)
-    if reason:
-        return AgentStatus.UNRECOVERABLE.value, reason
-    return agent.status, agent.status_reason
-
-
 def _summary(agent: Agent, children: list[str]) -> dict:
-    status, reason = _status(agent)
+    status, reason = journal.effective_status(agent)
     return {
         "id": agent.id,
         "name": agent.spec.get("name", "") if isinstance(agent.spec, dict) else "",
@@ -141,7 +133,7 @@ def agent_command(request, user, agent_id: str, verb: str):
 def agent_approve(request, user, agent_id: str):
     """Approve held credential bindings for the agent's next sandbox start."""
     agent = _agent(user, agent_id)
-    outcome = approvals.approve(user, agent.id, json_body(request), idempotency_key(request))
+    outcome = commands.approve(user, agent.id, json_body(request), idempotency_key(request))
     return outcome_response(outcome)
 
 
@@ -226,7 +218,7 @@ def _checkpoint(cp: Checkpoint, event_ids: dict, max_age, now) -> dict:
 @api_view("POST")
 def agent_fork(request, user, agent_id: str):
     agent = _agent(user, agent_id)
-    outcome = forks.fork(user, agent.id, json_body(request), idempotency_key(request))
+    outcome = commands.fork(user, agent.id, json_body(request), idempotency_key(request))
     return outcome_response(outcome)
 
 

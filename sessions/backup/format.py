@@ -18,7 +18,7 @@ bundle; a crashed backup leaves only a ``.partial-*`` directory.
 
 from __future__ import annotations
 
-from sandboxes.checkpoints import fsync_path  # noqa: F401  (re-exported to the backup modules)
+from sandboxes.archive import fsync_path  # noqa: F401  (re-exported to the backup modules)
 
 import hashlib
 import json

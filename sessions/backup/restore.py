@@ -18,7 +18,7 @@ Order, so that a refusal or a failure changes nothing in the data dir:
    the staged files into place.
 
 The server must not be running on the target data dir. When it starts, the
-agents' old sandboxes do not exist here; the restore ladder (sandboxes.ladder)
+agents' old sandboxes do not exist here; the restore ladder (sessions.worker.ladder)
 brings each back from its newest checkpoint, else rebuilds it from the transcript.
 """
 
@@ -35,15 +35,22 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import connection, connections
+from django.utils import timezone as djtz
+
+from sandboxes.backends import docker_engine_answers
 from sessions.backup.format import BackupError, BundleRefused, fsync_path
 from sessions.backup.verify import verify_bundle
 from sessions.backup.write import (
-    _pg_env_argv,
     copy_hashing,
     database_settings,
     engine_of,
+    pg_env_argv,
     sqlite_path,
 )
+from sessions.models import Agent, AgentLease, Checkpoint
 
 Log = Callable[[str], None]
 #: What a data dir may hold and still count as empty: settings.py makes the
@@ -87,10 +94,7 @@ def data_dir_contents(data_dir: Path, db_file: Path | None) -> list[str]:
 def _pg_has_data() -> bool:
     """A PostgreSQL target holds data: any agent or user (an unmigrated or
     freshly migrated database does not)."""
-    from django.contrib.auth import get_user_model
-    from django.db import connection
 
-    from sessions.models import Agent
 
     tables = connection.introspection.table_names()
     if Agent._meta.db_table not in tables:
@@ -101,7 +105,6 @@ def _pg_has_data() -> bool:
 def _rewrite_checkpoints(db: Path, manifest: dict, data_dir: Path) -> tuple[int, int]:
     """Point Checkpoint rows of the staged SQLite copy at this data dir; mark rows
     whose file is not in the bundle deleted. Returns (rewritten, marked deleted)."""
-    from sessions.models import Checkpoint
 
     table = Checkpoint._meta.db_table
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
@@ -131,9 +134,7 @@ def _forget_leases(db: Path | None = None) -> None:
     """Worker leases name the old deployment's processes: drop them, so the
     first worker here takes every agent at once (not after they expire).
     ``db``: the staged SQLite copy; None: the database Django uses."""
-    from django.db import connection
 
-    from sessions.models import AgentLease
 
     table = AgentLease._meta.db_table
     if db is None:
@@ -151,9 +152,7 @@ def _forget_leases(db: Path | None = None) -> None:
 
 
 def _rewrite_checkpoints_orm(manifest: dict, data_dir: Path) -> tuple[int, int]:
-    from django.utils import timezone as djtz
 
-    from sessions.models import Checkpoint
 
     rewritten = 0
     kept = set()
@@ -167,7 +166,6 @@ def _rewrite_checkpoints_orm(manifest: dict, data_dir: Path) -> tuple[int, int]:
 
 
 def load_images(bundle: Path, manifest: dict, say: Log, out: Restored) -> None:
-    from sandboxes.backends.base import docker_engine_answers
 
     entries = manifest.get("images") or []
     if not entries:
@@ -232,27 +230,19 @@ def _move_aside(data_dir: Path, db_file: Path | None, stamp: str, out: Restored)
     fsync_path(aside.parent)
 
 
-def restore_bundle(path, *, force: bool = False, images: bool = True, data_dir=None,
-                   database: dict | None = None, say: Log = lambda m: None) -> Restored:
-    """Verify, then restore (see the module doc). ``data_dir`` and ``database`` (a
-    Django DATABASES entry) default to the running deployment's."""
-    from django.conf import settings
-    from django.db import connections
-
-    verified = verify_bundle(path, images=images)
-    bundle, manifest = verified.bundle, verified.manifest
-    say(f"verified {bundle}: manifest version {manifest['version']}, "
-        f"{len(verified.checked)} file(s) match their sha256, database passes its checks")
-    data_dir = Path(data_dir or settings.DATA_DIR).resolve()
-    db = database or database_settings()
-    engine = engine_of(db)
-    if engine != manifest["database"]["engine"]:
+def _check_engine(engine: str, manifest: dict) -> None:
+    bundled = manifest["database"]["engine"]
+    if engine != bundled:
         raise BundleRefused(
-            f"the bundle holds a {manifest['database']['engine']} database but this deployment uses "
+            f"the bundle holds a {bundled} database but this deployment uses "
             f"{engine} (DATABASE_URL {'set' if engine == 'postgresql' else 'unset'}): restore into "
             "the same engine, then migrate data with Django's dumpdata/loaddata if you must")
-    db_file = sqlite_path(db) if engine == "sqlite" else None
-    data_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _check_target(data_dir: Path, db_file: Path | None, engine: str,
+                  force: bool) -> tuple[list[str], bool]:
+    """What the target holds: (the data dir's entries that count as data, whether
+    the PostgreSQL database has rows). Refused when it holds data, unless ``force``."""
     present = data_dir_contents(data_dir, db_file)
     pg_data = engine == "postgresql" and _pg_has_data()
     if (present or pg_data) and not force:
@@ -262,66 +252,110 @@ def restore_bundle(path, *, force: bool = False, images: bool = True, data_dir=N
         raise BackupError(
             f"the data dir {data_dir} is not empty ({what}). Stop the server and pass --force to "
             "move the current contents aside (nothing is deleted), or restore into a fresh ALINEO_DATA_DIR")
+    return present, pg_data
 
-    out = Restored(bundle, data_dir)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    staging = data_dir / f"{STAGING_PREFIX}{stamp}-{uuid.uuid4().hex[:6]}"
-    staging.mkdir(mode=0o700)
-    try:
-        # Stage, re-hashing every copy against the manifest.
-        for entry in manifest["files"]:
-            digest, size = copy_hashing(bundle / entry["path"], staging / entry["path"])
-            if (digest, size) != (entry["sha256"], entry["bytes"]):
-                raise BundleRefused(f"file {entry['path']} changed while it was restored")
-            out.files += 1
+
+def _stage_copy(src: Path, dest: Path, entry: dict, what: str) -> None:
+    """Copy one file of the bundle, re-hashing it against its manifest entry."""
+    digest, size = copy_hashing(src, dest)
+    if (digest, size) != (entry["sha256"], entry["bytes"]):
+        raise BundleRefused(f"{what} changed while it was restored")
+
+
+def _stage(bundle: Path, manifest: dict, staging: Path, engine: str, images: bool,
+           say: Log, out: Restored) -> Path | None:
+    """Everything into ``staging``, nothing into the data dir yet; returns the
+    staged SQLite copy (None for PostgreSQL, restored from the bundle itself)."""
+    for entry in manifest["files"]:
+        _stage_copy(bundle / entry["path"], staging / entry["path"], entry, f"file {entry['path']}")
+        out.files += 1
+    staged_db = None
+    if engine == "sqlite":
         dbm = manifest["database"]
-        if engine == "sqlite":
-            staged_db = staging / "database.sqlite3"
-            digest, size = copy_hashing(bundle / dbm["file"], staged_db)
-            if (digest, size) != (dbm["sha256"], dbm["bytes"]):
-                raise BundleRefused(f"database {dbm['file']} changed while it was restored")
-            out.rewritten, out.marked_deleted = _rewrite_checkpoints(staged_db, manifest, data_dir)
-            _forget_leases(staged_db)
-        if images:
-            load_images(bundle, manifest, say, out)
-        elif manifest.get("images"):
-            out.notes.append(f"{len(manifest['images'])} image(s) not loaded (--no-images)")
+        staged_db = staging / "database.sqlite3"
+        _stage_copy(bundle / dbm["file"], staged_db, dbm, f"database {dbm['file']}")
+        out.rewritten, out.marked_deleted = _rewrite_checkpoints(staged_db, manifest, out.data_dir)
+        _forget_leases(staged_db)
+    if images:
+        load_images(bundle, manifest, say, out)
+    elif manifest.get("images"):
+        out.notes.append(f"{len(manifest['images'])} image(s) not loaded (--no-images)")
+    return staged_db
 
-        # The point of no return: the data dir changes from here on.
-        connections.close_all()
-        if present and force:
-            _move_aside(data_dir, db_file, stamp, out)
-            say(f"moved the old contents aside to {out.moved_aside[-1]}")
-        if engine == "sqlite":
-            db_file.parent.mkdir(parents=True, exist_ok=True)
-            for suffix in ("-wal", "-shm", "-journal"):
-                Path(str(db_file) + suffix).unlink(missing_ok=True)
-            os.replace(staged_db, db_file)
-            fsync_path(db_file.parent)
-        else:
-            _pg_restore(db, bundle / dbm["file"], data_dir, stamp, force and pg_data, out, say)
-            out.rewritten, out.marked_deleted = _rewrite_checkpoints_orm(manifest, data_dir)
-            _forget_leases()
-        staged_data = staging / "data"
-        if staged_data.is_dir():
-            for entry in sorted(staged_data.iterdir()):
-                target = data_dir / entry.name
-                if target.is_dir() and entry.is_dir():
-                    _merge(entry, target)
-                else:
-                    os.replace(entry, target)
-        fsync_path(data_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+def _install_sqlite(staged_db: Path, db_file: Path) -> None:
+    db_file.parent.mkdir(parents=True, exist_ok=True)
+    # A -wal or -journal left beside the new file would be replayed into it.
+    for suffix in ("-wal", "-shm", "-journal"):
+        Path(str(db_file) + suffix).unlink(missing_ok=True)
+    os.replace(staged_db, db_file)
+    fsync_path(db_file.parent)
+
+
+def _install_files(staging: Path, data_dir: Path) -> None:
+    staged_data = staging / "data"
+    if staged_data.is_dir():
+        for entry in sorted(staged_data.iterdir()):
+            target = data_dir / entry.name
+            if target.is_dir() and entry.is_dir():
+                _merge(entry, target)
+            else:
+                os.replace(entry, target)
+    fsync_path(data_dir)
+
+
+def _report(out: Restored, engine: str, manifest: dict, db_file: Path | None, say: Log) -> None:
+    dbm = manifest["database"]
     say(f"restored the database ({engine}, {dbm.get('agents', '?')} agents, {dbm.get('events', '?')} "
         f"events) into {db_file or 'DATABASE_URL'}")
-    say(f"restored {out.files} file(s) into {data_dir}; {out.rewritten} checkpoint path(s) point here"
+    say(f"restored {out.files} file(s) into {out.data_dir}; {out.rewritten} checkpoint path(s) point here"
         + (f"; {out.marked_deleted} checkpoint row(s) whose file was not in the bundle marked deleted"
            if out.marked_deleted else ""))
     for note in out.notes:
         say(f"note: {note}")
     say("start the server: each agent's sandbox from the old machine is missing here, and the "
         "restore ladder brings it back from its newest checkpoint (else rebuilds it from the transcript)")
+
+
+def restore_bundle(path, *, force: bool = False, images: bool = True, data_dir=None,
+                   database: dict | None = None, say: Log = lambda m: None) -> Restored:
+    """Verify, then restore (see the module doc). ``data_dir`` and ``database`` (a
+    Django DATABASES entry) default to the running deployment's."""
+
+    verified = verify_bundle(path, images=images)
+    bundle, manifest = verified.bundle, verified.manifest
+    say(f"verified {bundle}: manifest version {manifest['version']}, "
+        f"{len(verified.checked)} file(s) match their sha256, database passes its checks")
+    data_dir = Path(data_dir or settings.DATA_DIR).resolve()
+    db = database or database_settings()
+    engine = engine_of(db)
+    _check_engine(engine, manifest)
+    db_file = sqlite_path(db) if engine == "sqlite" else None
+    data_dir.mkdir(parents=True, exist_ok=True)
+    present, pg_data = _check_target(data_dir, db_file, engine, force)
+
+    out = Restored(bundle, data_dir)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    staging = data_dir / f"{STAGING_PREFIX}{stamp}-{uuid.uuid4().hex[:6]}"
+    staging.mkdir(mode=0o700)
+    try:
+        staged_db = _stage(bundle, manifest, staging, engine, images, say, out)
+        # The point of no return: the data dir changes from here on.
+        connections.close_all()
+        if present and force:
+            _move_aside(data_dir, db_file, stamp, out)
+            say(f"moved the old contents aside to {out.moved_aside[-1]}")
+        if engine == "sqlite":
+            _install_sqlite(staged_db, db_file)
+        else:
+            dump = bundle / manifest["database"]["file"]
+            _pg_restore(db, dump, data_dir, stamp, force and pg_data, out, say)
+            out.rewritten, out.marked_deleted = _rewrite_checkpoints_orm(manifest, data_dir)
+            _forget_leases()
+        _install_files(staging, data_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    _report(out, engine, manifest, db_file, say)
     return out
 
 
@@ -338,7 +372,7 @@ def _pg_restore(db: dict, dump: Path, data_dir: Path, stamp: str, save_old: bool
                 say: Log) -> None:
     """Restore a pg_dump into the configured database; with ``save_old`` the
     current contents are dumped aside first (a database cannot be renamed away)."""
-    env, argv = _pg_env_argv(db)
+    env, argv = pg_env_argv(db)
     if save_old:
         aside = data_dir.parent / f"{data_dir.name}.before-restore-{stamp}"
         aside.mkdir(exist_ok=True)

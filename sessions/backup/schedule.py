@@ -3,7 +3,7 @@
     scheduled_backup(dir, keep)      # one bundle now, then prune to the newest `keep`
     run_scheduled_if_due()           # the supervisor's hook: reads the settings, backs up when due
 
-Settings (read with getattr, falling back to the environment):
+Settings (alineo_site/settings.py):
 ``ALINEO_BACKUP_DIR`` (empty: no scheduled backups), ``ALINEO_BACKUP_EVERY_S``
 (default 86400) and ``ALINEO_BACKUP_KEEP`` (default 7). Both functions block
 (a docker save can take seconds): call them from a thread, e.g.
@@ -24,19 +24,13 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from django.conf import settings
+from django.db import close_old_connections
+
 from sessions.backup.format import PARTIAL_PREFIX, bundles_in, load_manifest
 from sessions.backup.write import write_bundle
 
 log = logging.getLogger(__name__)
-
-
-def _setting(name: str, default):
-    from django.conf import settings
-
-    value = getattr(settings, name, None)
-    if value in (None, ""):
-        value = os.environ.get(name, "") or default
-    return type(default)(value) if default is not None else value
 
 
 def prune(directory: str | os.PathLike, keep: int) -> list[Path]:
@@ -88,11 +82,11 @@ def run_scheduled_if_due() -> Path | None:
     """The worker's hook: back up into ALINEO_BACKUP_DIR when the newest bundle there
     is older than ALINEO_BACKUP_EVERY_S. Never raises (a failed backup is logged and
     retried at the next call); returns the new bundle or None."""
-    directory = _setting("ALINEO_BACKUP_DIR", "")
+    directory = settings.ALINEO_BACKUP_DIR
     if not directory:
         return None
-    every = _setting("ALINEO_BACKUP_EVERY_S", 86400.0)
-    keep = _setting("ALINEO_BACKUP_KEEP", 7)
+    every = settings.ALINEO_BACKUP_EVERY_S
+    keep = settings.ALINEO_BACKUP_KEEP
     age = newest_age_s(directory)
     if age is not None and age < every:
         return None
@@ -102,6 +96,5 @@ def run_scheduled_if_due() -> Path | None:
         log.exception("scheduled backup into %s failed", directory)
         return None
     finally:
-        from django.db import close_old_connections
 
         close_old_connections()

@@ -23,6 +23,7 @@ from sessions.backup.format import (
     safe_relpath,
     sha256_file,
 )
+from sessions.models import Agent, Event
 
 
 @dataclass
@@ -54,7 +55,6 @@ def _check_file(bundle: Path, rel: str, sha: str, size, what: str) -> Path:
 
 def check_sqlite(path: Path) -> None:
     """Opens read-only (nothing written next to it), passes integrity_check, has our tables."""
-    from sessions.models import Agent, Event
 
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)

@@ -27,6 +27,7 @@ never looks complete.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -39,6 +40,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from django.conf import settings
+from django.db import connections
+
+from sandboxes.backends import docker_engine_answers, get_backend, resolve_backend_name
+from sandboxes.images import resolve_image
+from sandboxes.setup import needs_setup, setup_key, setup_ref
 from sessions.backup.format import (
     BUNDLE_PREFIX,
     CHUNK,
@@ -55,6 +62,7 @@ from sessions.backup.format import (
     sha256_file,
     write_json,
 )
+from sessions.models import Agent, Checkpoint, Event
 
 log = logging.getLogger(__name__)
 Log = Callable[[str], None]
@@ -63,7 +71,6 @@ Log = Callable[[str], None]
 # --- what the server uses -------------------------------------------------------------------------
 def database_settings() -> dict:
     """The default database as the running process knows it (under pytest: the test DB)."""
-    from django.db import connections
 
     return dict(connections["default"].settings_dict)
 
@@ -99,7 +106,6 @@ def app_revision() -> str:
 
 
 def _tables():
-    from sessions.models import Agent, Checkpoint, Event
 
     return Agent._meta.db_table, Checkpoint._meta.db_table, Event._meta.db_table
 
@@ -128,7 +134,7 @@ def copy_sqlite_online(src_path: Path, dest: Path) -> None:
         os.fsync(fh.fileno())
 
 
-def _pg_env_argv(db: dict) -> tuple[dict, list[str]]:
+def pg_env_argv(db: dict) -> tuple[dict, list[str]]:
     env = dict(os.environ)
     argv = []
     if db.get("HOST"):
@@ -147,7 +153,7 @@ def dump_postgres(db: dict, dest: Path) -> None:
         raise BackupError("DATABASE_URL is PostgreSQL but pg_dump is not installed "
                           "(apt-get install postgresql-client)")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    env, argv = _pg_env_argv(db)
+    env, argv = pg_env_argv(db)
     proc = subprocess.run(["pg_dump", "-Fc", "--no-owner", "--no-privileges", "-f", str(dest),
                            *argv, "-d", str(db["NAME"])], env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -173,7 +179,6 @@ def _rows_from_sqlite(copy: Path) -> tuple[list[tuple], list[tuple], dict]:
 
 
 def _rows_from_orm() -> tuple[list[tuple], list[tuple], dict]:
-    from sessions.models import Agent, Checkpoint, Event
 
     cps = list(Checkpoint.objects.filter(deleted_at__isnull=True).exclude(path="")
                .order_by("id").values_list("id", "agent_id", "path"))
@@ -185,7 +190,6 @@ def _rows_from_orm() -> tuple[list[tuple], list[tuple], dict]:
 # --- files ------------------------------------------------------------------------------------------
 def copy_hashing(src: Path, dest: Path) -> tuple[str, int]:
     """Copy src to dest (fsynced), returning the sha256 and size of what was written."""
-    import hashlib
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     h, n = hashlib.sha256(), 0
@@ -216,15 +220,12 @@ def _bundle_rel(path: Path, data_dir: Path, agent_id: str) -> str:
 # --- images -----------------------------------------------------------------------------------------
 def image_tags(agents: list[tuple], note: list[str]) -> list[str]:
     """The base and setup-snapshot images the agents' specs use (docker backend)."""
-    from sandboxes.backends.base import get_backend, resolve_backend_name
-    from sandboxes.images import resolve_image
-    from sandboxes.setup import needs_setup, setup_key, setup_ref
 
-    if resolve_backend_name() != "docker":
-        note.append("the local backend is in use: no images to save (local setup snapshots are "
-                    "rebuilt on demand from the specs)")
+    backend = get_backend()
+    if not backend.has_engine_images:
+        note.append(f"the {backend.name} backend is in use: no images to save (its setup "
+                    "snapshots are rebuilt on demand from the specs)")
         return []
-    backend = get_backend("docker")
     tags: list[str] = []
     for agent_id, spec, _status in agents:
         spec = spec if isinstance(spec, dict) else {}
@@ -262,8 +263,39 @@ def _previous_images(to: Path) -> dict[str, tuple[Path, dict]]:
     return out
 
 
+def _write_image(client, tag: str, dest: Path) -> tuple[str, int]:
+    """``docker save`` of one image into dest (fsynced); returns its sha256 and size."""
+
+    h, size = hashlib.sha256(), 0
+    with open(dest, "wb") as fh:
+        for chunk in client.api.get_image(tag, chunk_size=CHUNK):
+            h.update(chunk)
+            fh.write(chunk)
+            size += len(chunk)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return h.hexdigest(), size
+
+
+def _save_image(client, tag: str, image_id: str, tmp: Path,
+                previous: dict[str, tuple[Path, dict]]) -> tuple[dict, str]:
+    """One image into the bundle: hardlinked from an earlier bundle that holds
+    the same image under the same tag, else saved. Returns (manifest entry, how)."""
+    rel = _image_file(tag)
+    dest = tmp / rel
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    prev = previous.get(image_id)
+    if prev is not None and prev[1].get("tag") == tag:
+        os.link(prev[0], dest)
+        digest, size = prev[1]["sha256"], prev[1]["bytes"]
+        how = "linked from " + prev[0].parent.parent.name
+    else:
+        digest, size = _write_image(client, tag, dest)
+        how = "saved"
+    return {"tag": tag, "id": image_id, "file": rel, "sha256": digest, "bytes": size}, how
+
+
 def save_images(tags: list[str], tmp: Path, to: Path, note: list[str], say: Log) -> list[dict]:
-    from sandboxes.backends.base import docker_engine_answers
 
     if not tags:
         return []
@@ -284,29 +316,10 @@ def save_images(tags: list[str], tmp: Path, to: Path, note: list[str], say: Log)
             except docker.errors.ImageNotFound:
                 note.append(f"image {tag} is not present here: not saved")
                 continue
-            rel = _image_file(tag)
-            dest = tmp / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
             t0 = time.monotonic()
-            prev = previous.get(info["Id"])
-            if prev is not None and prev[1].get("tag") == tag:
-                os.link(prev[0], dest)
-                digest, size = prev[1]["sha256"], prev[1]["bytes"]
-                how = "linked from " + prev[0].parent.parent.name
-            else:
-                import hashlib
-
-                h, size = hashlib.sha256(), 0
-                with open(dest, "wb") as fh:
-                    for chunk in client.api.get_image(tag, chunk_size=CHUNK):
-                        h.update(chunk)
-                        fh.write(chunk)
-                        size += len(chunk)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                digest, how = h.hexdigest(), "saved"
-            out.append({"tag": tag, "id": info["Id"], "file": rel, "sha256": digest, "bytes": size})
-            say(f"image {tag}: {how}, {size / 1e6:.1f} MB in {time.monotonic() - t0:.1f} s")
+            entry, how = _save_image(client, tag, info["Id"], tmp, previous)
+            out.append(entry)
+            say(f"image {tag}: {how}, {entry['bytes'] / 1e6:.1f} MB in {time.monotonic() - t0:.1f} s")
     finally:
         client.close()
     return out
@@ -322,105 +335,148 @@ def _bundle_name(to: Path, when: datetime) -> Path:
     return path
 
 
+def _check_target(to: Path, data_dir: Path) -> None:
+    if to == data_dir or data_dir in to.parents:
+        raise BackupError(f"--to {to} lies inside the data dir {data_dir}: a backup must live elsewhere")
+
+
+def _copy_database(db: dict, tmp: Path, say: Log) -> tuple[dict, list[tuple], list[tuple]]:
+    """Copy the database into the bundle; returns its manifest entry and, read
+    from the copy, the live checkpoint rows and the agents (id, spec, status)."""
+    engine = engine_of(db)
+    t0 = time.monotonic()
+    if engine == "sqlite":
+        copy_sqlite_online(sqlite_path(db), tmp / SQLITE_NAME)
+        db_rel = SQLITE_NAME
+        cps, agents, counts = _rows_from_sqlite(tmp / SQLITE_NAME)
+    else:
+        dump_postgres(db, tmp / PGDUMP_NAME)
+        db_rel = PGDUMP_NAME
+        cps, agents, counts = _rows_from_orm()
+    digest, size = sha256_file(tmp / db_rel)
+    say(f"database ({engine}): {size / 1e6:.1f} MB, {counts['agents']} agents, "
+        f"{counts['events']} events, copied online in {time.monotonic() - t0:.2f} s")
+    entry = {"engine": engine, "file": db_rel, "sha256": digest, "bytes": size, **counts}
+    return entry, cps, agents
+
+
+def _copy_checkpoints(cps: list[tuple], data_dir: Path, tmp: Path) -> tuple[list[dict], list[dict]]:
+    """The checkpoint files the copied rows name; returns (files, missing)."""
+    files: list[dict] = []
+    missing: list[dict] = []
+    seen: set[str] = set()
+    for _pk, agent_id, path in cps:
+        src = Path(path)
+        rel = _bundle_rel(src, data_dir, agent_id)
+        if rel in seen:
+            continue
+        try:
+            digest, size = copy_hashing(src, tmp / rel)
+        except FileNotFoundError:
+            missing.append({"source": path, "reason": "file gone when copied (rotated or "
+                            "deleted after the database copy)"})
+            continue
+        seen.add(rel)
+        files.append({"path": rel, "sha256": digest, "bytes": size, "source": path})
+    return files, missing
+
+
+def _copy_other_files(data_dir: Path, tmp: Path) -> list[dict]:
+    """Wait-for inputs and the secret key."""
+    extras = [p for p in sorted((data_dir / "inputs").rglob("*")) if p.is_file()] \
+        if (data_dir / "inputs").is_dir() else []
+    if (data_dir / "secret_key").is_file():
+        extras.append(data_dir / "secret_key")
+    files = []
+    for src in extras:
+        rel = "data/" + src.relative_to(data_dir).as_posix()
+        try:
+            digest, size = copy_hashing(src, tmp / rel)
+        except FileNotFoundError:
+            continue
+        files.append({"path": rel, "sha256": digest, "bytes": size})
+    return files
+
+
+def _copy_files(cps: list[tuple], data_dir: Path, tmp: Path, say: Log) -> tuple[list[dict], list[dict]]:
+    t0 = time.monotonic()
+    files, missing = _copy_checkpoints(cps, data_dir, tmp)
+    n_cp = len(files)
+    files += _copy_other_files(data_dir, tmp)
+    say(f"files: {n_cp} checkpoint(s) and {len(files) - n_cp} other file(s), "
+        f"{sum(f['bytes'] for f in files) / 1e6:.1f} MB in {time.monotonic() - t0:.2f} s"
+        + (f"; {len(missing)} checkpoint file(s) gone meanwhile" if missing else ""))
+    return files, missing
+
+
+def _save_images_noted(images: bool, agents: list[tuple], tmp: Path, to: Path,
+                       say: Log) -> tuple[list[dict], list[str]]:
+    """The images the agents use, when asked for; returns (saved, notes)."""
+    note: list[str] = []
+    saved: list[dict] = []
+    if images:
+        saved = save_images(image_tags(agents, note), tmp, to, note, say)
+    else:
+        note.append("images not saved (--no-images)")
+    for line in note:
+        say(f"note: {line}")
+    return saved, note
+
+
+def _manifest(when: datetime, data_dir: Path, database: dict, files: list[dict],
+              missing: list[dict], saved: list[dict], note: list[str]) -> dict:
+
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "created_at": when.isoformat().replace("+00:00", "Z"),
+        "app_revision": app_revision(),
+        "data_dir": str(data_dir),
+        "backend": resolve_backend_name(),
+        "database": database,
+        "files": files,
+        "missing": missing,
+        "images": saved,
+        "images_note": "; ".join(note),
+    }
+
+
+def _seal(tmp: Path, to: Path, when: datetime, manifest: dict) -> Path:
+    """Write the manifest, make everything durable, then rename the partial
+    directory to its final name: only a complete bundle ever has that name."""
+    write_json(tmp / MANIFEST, manifest)
+    # Deepest first, so every directory entry is on disk before its parent's.
+    for d in sorted({p for p in tmp.rglob("*") if p.is_dir()} | {tmp}, key=lambda p: -len(p.parts)):
+        fsync_path(d)
+    final = _bundle_name(to, when)
+    os.rename(tmp, final)
+    fsync_path(to)
+    return final
+
+
 def write_bundle(to: str | os.PathLike, *, images: bool = True, data_dir: str | os.PathLike | None = None,
                  database: dict | None = None, say: Log = lambda m: None) -> Path:
     """Write one complete bundle into ``to`` and return its path (see the module doc).
     ``data_dir`` and ``database`` (a Django DATABASES entry) default to the running
     deployment's."""
-    from django.conf import settings
 
     t_start = time.monotonic()
     to = Path(to).resolve()
     data_dir = Path(data_dir or settings.DATA_DIR).resolve()
-    if to == data_dir or data_dir in to.parents:
-        raise BackupError(f"--to {to} lies inside the data dir {data_dir}: a backup must live elsewhere")
+    _check_target(to, data_dir)
     to.mkdir(parents=True, exist_ok=True)
     when = datetime.now(UTC)
     tmp = to / f"{PARTIAL_PREFIX}{when:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(mode=0o700)
     try:
-        db = database or database_settings()
-        engine = engine_of(db)
-        t0 = time.monotonic()
-        if engine == "sqlite":
-            copy_sqlite_online(sqlite_path(db), tmp / SQLITE_NAME)
-            db_rel = SQLITE_NAME
-            cps, agents, counts = _rows_from_sqlite(tmp / SQLITE_NAME)
-        else:
-            dump_postgres(db, tmp / PGDUMP_NAME)
-            db_rel = PGDUMP_NAME
-            cps, agents, counts = _rows_from_orm()
-        digest, size = sha256_file(tmp / db_rel)
-        database = {"engine": engine, "file": db_rel, "sha256": digest, "bytes": size, **counts}
-        say(f"database ({engine}): {size / 1e6:.1f} MB, {counts['agents']} agents, "
-            f"{counts['events']} events, copied online in {time.monotonic() - t0:.2f} s")
-
-        files: list[dict] = []
-        missing: list[dict] = []
-        seen: set[str] = set()
-        t0 = time.monotonic()
-        for _pk, agent_id, path in cps:
-            src = Path(path)
-            rel = _bundle_rel(src, data_dir, agent_id)
-            if rel in seen:
-                continue
-            try:
-                digest, size = copy_hashing(src, tmp / rel)
-            except FileNotFoundError:
-                missing.append({"source": path, "reason": "file gone when copied (rotated or "
-                                "deleted after the database copy)"})
-                continue
-            seen.add(rel)
-            files.append({"path": rel, "sha256": digest, "bytes": size, "source": path})
-        n_cp = len(files)
-        extras = [p for p in sorted((data_dir / "inputs").rglob("*")) if p.is_file()] \
-            if (data_dir / "inputs").is_dir() else []
-        if (data_dir / "secret_key").is_file():
-            extras.append(data_dir / "secret_key")
-        for src in extras:
-            rel = "data/" + src.relative_to(data_dir).as_posix()
-            try:
-                digest, size = copy_hashing(src, tmp / rel)
-            except FileNotFoundError:
-                continue
-            files.append({"path": rel, "sha256": digest, "bytes": size})
-        say(f"files: {n_cp} checkpoint(s) and {len(files) - n_cp} other file(s), "
-            f"{sum(f['bytes'] for f in files) / 1e6:.1f} MB in {time.monotonic() - t0:.2f} s"
-            + (f"; {len(missing)} checkpoint file(s) gone meanwhile" if missing else ""))
-
-        note: list[str] = []
-        saved: list[dict] = []
-        if images:
-            saved = save_images(image_tags(agents, note), tmp, to, note, say)
-        else:
-            note.append("images not saved (--no-images)")
-        for line in note:
-            say(f"note: {line}")
-
-        from sandboxes.backends.base import resolve_backend_name
-
-        manifest = {
-            "format": FORMAT,
-            "version": VERSION,
-            "created_at": when.isoformat().replace("+00:00", "Z"),
-            "app_revision": app_revision(),
-            "data_dir": str(data_dir),
-            "backend": resolve_backend_name(),
-            "database": database,
-            "files": files,
-            "missing": missing,
-            "images": saved,
-            "images_note": "; ".join(note),
-        }
-        write_json(tmp / MANIFEST, manifest)
-        for d in sorted({p for p in tmp.rglob("*") if p.is_dir()} | {tmp}, key=lambda p: -len(p.parts)):
-            fsync_path(d)
-        final = _bundle_name(to, when)
-        os.rename(tmp, final)
-        fsync_path(to)
+        db_entry, cps, agents = _copy_database(database or database_settings(), tmp, say)
+        files, missing = _copy_files(cps, data_dir, tmp, say)
+        saved, note = _save_images_noted(images, agents, tmp, to, say)
+        manifest = _manifest(when, data_dir, db_entry, files, missing, saved, note)
+        final = _seal(tmp, to, when, manifest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    total = sum(f["bytes"] for f in files) + database["bytes"] + sum(i["bytes"] for i in saved)
+    total = sum(f["bytes"] for f in files) + db_entry["bytes"] + sum(i["bytes"] for i in saved)
     say(f"backup complete: {final} ({total / 1e6:.1f} MB) in {time.monotonic() - t_start:.2f} s")
     return final

@@ -12,12 +12,12 @@ from .transport import (
     DEFAULT_RETRY_FOR,
     DEFAULT_TIMEOUT,
     STREAM_READ_TIMEOUT,
-    _q,
-    _sse,
-    _Transport,
-    _wait_command,
+    quote_part,
+    stream_events,
+    Transport,
+    wait_command,
 )
-from .turns import _SETTLED, Event, Turn
+from .turns import SETTLED, Event, Turn
 
 # --- agents -------------------------------------------------------------------------------------
 
@@ -46,7 +46,7 @@ class AttachedAgent:
     ``spawn()`` and ``fork()``. Attaching touches nothing in its sandbox, and
     this class cannot prompt or steer (see :class:`Agent`)."""
 
-    def __init__(self, transport: _Transport, data: dict):
+    def __init__(self, transport: Transport, data: dict):
         self._t = transport
         self.data = data
         self.recovery: Recovery | None = None
@@ -103,14 +103,14 @@ class AttachedAgent:
         return self.recovery.rung if self.recovery else None
 
     def refresh(self) -> AttachedAgent:
-        self.data = self._t.get(f"/api/agents/{_q(self.id)}")
+        self.data = self._t.get(f"/api/agents/{quote_part(self.id)}")
         return self
 
     # the transcript
     def events(self, after: int = 0, *, limit: int = 500) -> Iterator[Event]:
         """Every event after ``after``, page by page (a snapshot: it ends at the head)."""
         while True:
-            page = self._t.get(f"/api/agents/{_q(self.id)}/events",
+            page = self._t.get(f"/api/agents/{quote_part(self.id)}/events",
                                {"after": after, "limit": limit})
             for d in page.get("events") or []:
                 ev = Event.from_json(d)
@@ -127,11 +127,11 @@ class AttachedAgent:
         (``Last-Event-ID``): no event is repeated or skipped. Gives up with
         :class:`TransportError` after ``reconnect_for`` s without reaching the
         server, :class:`Timeout` at ``deadline`` (a ``time.monotonic()`` value)."""
-        return _sse(self._t, self.id, after, deadline, read_timeout, reconnect_for)
+        return stream_events(self._t, self.id, after, deadline, read_timeout, reconnect_for)
 
     def checkpoints(self) -> list[dict]:
         """Checkpoint metadata, newest first (never their contents)."""
-        return list(self._t.get(f"/api/agents/{_q(self.id)}/checkpoints").get("checkpoints") or [])
+        return list(self._t.get(f"/api/agents/{quote_part(self.id)}/checkpoints").get("checkpoints") or [])
 
     # new agents
     def spawn(self, spec: dict | None = None, prompt: str | None = None, *,
@@ -157,15 +157,15 @@ class AttachedAgent:
             body["prompt"] = prompt
         if parent is not None:
             body["parent"] = parent
-        created = self._t.post(f"/api/agents/{_q(self.id)}/fork", body, key=key)
+        created = self._t.post(f"/api/agents/{quote_part(self.id)}/fork", body, key=key)
         return _new_agent(self._t, created, prompt)
 
     # helpers for subclasses
     def _command(self, verb: str, body: dict | None = None, key: str | None = None) -> dict:
-        return self._t.post(f"/api/agents/{_q(self.id)}/{verb}", body or {}, key=key)
+        return self._t.post(f"/api/agents/{quote_part(self.id)}/{verb}", body or {}, key=key)
 
     def _outcome(self, accepted: dict, timeout: float) -> dict:
-        return _wait_command(self._t, accepted, timeout)
+        return wait_command(self._t, accepted, timeout)
 
 
 class Agent(AttachedAgent):
@@ -202,13 +202,13 @@ class Agent(AttachedAgent):
         """The turn running at ``seq`` and its events through ``seq``."""
         before, collected = seq + 1, []
         while before > 1:
-            page = self._t.get(f"/api/agents/{_q(self.id)}/events",
+            page = self._t.get(f"/api/agents/{quote_part(self.id)}/events",
                                {"before": before, "limit": 200})
             events = [Event.from_json(d) for d in page.get("events") or []]
             if not events:
                 break
             for ev in reversed(events):
-                if ev.type in _SETTLED:
+                if ev.type in SETTLED:
                     return None, []
                 collected.append(ev)
                 if ev.type == "turn.started":
@@ -242,7 +242,7 @@ class Agent(AttachedAgent):
         ``{"checkpoint": id, "turn", "bytes", "ms", "sandbox_id"}``. Raises
         :class:`CheckpointFailed` when it could not be taken (the agent and its
         turn carry on), :class:`Conflict` when the agent takes no checkpoints."""
-        accepted = self._t.post(f"/api/agents/{_q(self.id)}/checkpoints", {}, key=key)
+        accepted = self._t.post(f"/api/agents/{quote_part(self.id)}/checkpoints", {}, key=key)
         return self._outcome(accepted, timeout)
 
 
@@ -262,7 +262,7 @@ class Alineo:
         if not url or not token:
             raise InvalidRequest("give url= and token= (or set ALINEO_URL and ALINEO_TOKEN)",
                                  code="client.not_configured")
-        self.transport = _Transport(url, token, timeout=timeout, retry_for=retry_for,
+        self.transport = Transport(url, token, timeout=timeout, retry_for=retry_for,
                                     ssl_context=ssl_context)
 
     # instance API
@@ -276,7 +276,7 @@ class Alineo:
         return _new_agent(self.transport, self.transport.post("/api/agents", body, key=key), prompt)
 
     def agent(self, agent_id: str) -> AttachedAgent:
-        return AttachedAgent(self.transport, self.transport.get(f"/api/agents/{_q(agent_id)}"))
+        return AttachedAgent(self.transport, self.transport.get(f"/api/agents/{quote_part(agent_id)}"))
 
     def agents(self) -> Iterator[AttachedAgent]:
         """Your agents, oldest first (summaries: no spec or turns)."""
@@ -290,9 +290,9 @@ class Alineo:
             after = page.get("next_after")
 
     def operate(self, agent_id: str, verb: str, *, timeout: float) -> Agent:
-        accepted = self.transport.post(f"/api/agents/{_q(agent_id)}/{verb}", {})
-        result = _wait_command(self.transport, accepted, timeout)
-        agent = Agent(self.transport, self.transport.get(f"/api/agents/{_q(agent_id)}"))
+        accepted = self.transport.post(f"/api/agents/{quote_part(agent_id)}/{verb}", {})
+        result = wait_command(self.transport, accepted, timeout)
+        agent = Agent(self.transport, self.transport.get(f"/api/agents/{quote_part(agent_id)}"))
         agent.recovery = Recovery(str(result.get("rung") or ""), result.get("sandbox_id"),
                                   result.get("old_sandbox_id"), result)
         return agent
@@ -335,8 +335,8 @@ class Alineo:
 
 
 
-def _new_agent(t: _Transport, created: dict, prompt: str | None) -> Agent:
-    agent = Agent(t, t.get(f"/api/agents/{_q(created['id'])}"))
+def _new_agent(t: Transport, created: dict, prompt: str | None) -> Agent:
+    agent = Agent(t, t.get(f"/api/agents/{quote_part(created['id'])}"))
     if prompt is not None:
         agent.first_turn = Turn(agent, after=0)  # the first turn that starts: the prompt's
     return agent

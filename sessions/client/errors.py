@@ -90,7 +90,7 @@ class Timeout(AlineoError):
     permanent = False
 
 
-def _error_for(status: int, body: Any) -> AlineoError:
+def error_for(status: int, body: Any) -> AlineoError:
     body = body if isinstance(body, dict) else {}
     code = str(body.get("code") or f"http.{status}")
     message = str(body.get("message") or f"HTTP {status}")
@@ -114,7 +114,7 @@ def _error_for(status: int, body: Any) -> AlineoError:
     return cls(message, status=status, code=code, body=body)
 
 
-def _command_error(result: dict, verb: str) -> AlineoError:
+def command_error(result: dict, verb: str) -> AlineoError:
     code = str(result.get("code") or "command.failed")
     message = str(result.get("message") or f"{verb} could not be acted on")
     if code == "runtime.bridge_unavailable":

@@ -17,8 +17,8 @@ from .errors import (
     InvalidRequest,
     Timeout,
     TransportError,
-    _command_error,
-    _error_for,
+    command_error,
+    error_for,
 )
 from .turns import Event
 
@@ -30,7 +30,7 @@ _BACKOFF_FIRST, _BACKOFF_MAX = 0.2, 4.0
 # --- transport ----------------------------------------------------------------------------
 
 
-class _Transport:
+class Transport:
     """HTTP with bearer auth, JSON bodies, idempotency keys and retries."""
 
     def __init__(self, url: str, token: str, *, timeout: float, retry_for: float,
@@ -88,7 +88,7 @@ class _Transport:
                 data = _json(raw)
                 if status < 400:
                     return data if isinstance(data, dict) else {"value": data}
-                failure = _error_for(status, data)
+                failure = error_for(status, data)
                 if status not in RETRY_STATUSES:
                     raise failure
                 retry_after = _retry_after(headers)
@@ -140,23 +140,23 @@ def _json(raw: bytes) -> Any:
 
 
 
-def _q(part: str) -> str:
+def quote_part(part: str) -> str:
     return urllib.parse.quote(str(part), safe="")
 
 
-def _wait_command(t: _Transport, accepted: dict, timeout: float) -> dict:
+def wait_command(t: Transport, accepted: dict, timeout: float) -> dict:
     """Poll GET /api/commands/{id} until the command is done (its result) or
     failed (raised), or until ``timeout``."""
     cid, verb = accepted.get("command"), accepted.get("verb", "command")
     deadline = time.monotonic() + timeout
     delay = 0.05
     while True:
-        cmd = t.get(f"/api/commands/{_q(cid)}")
+        cmd = t.get(f"/api/commands/{quote_part(cid)}")
         state, result = cmd.get("state"), cmd.get("result") or {}
         if state == "done":
             return result
         if state == "failed":
-            raise _command_error(result, verb)
+            raise command_error(result, verb)
         if time.monotonic() >= deadline:
             raise Timeout(f"{verb} (command {cid}) was not acted on within {timeout:g} s"
                           + (f" (last progress: {result})" if result else ""),
@@ -165,10 +165,10 @@ def _wait_command(t: _Transport, accepted: dict, timeout: float) -> dict:
         delay = min(0.25, delay * 1.5)
 
 
-def _sse(t: _Transport, agent_id: str, after: int, deadline: float | None,
+def stream_events(t: Transport, agent_id: str, after: int, deadline: float | None,
          read_timeout: float, reconnect_for: float) -> Iterator[Event]:
     cursor = int(after)
-    path = f"{t.prefix}/api/agents/{_q(agent_id)}/stream"
+    path = f"{t.prefix}/api/agents/{quote_part(agent_id)}/stream"
     attempt, failing_since = 0, None
     while True:
         if deadline is not None and time.monotonic() >= deadline:
@@ -183,7 +183,7 @@ def _sse(t: _Transport, agent_id: str, after: int, deadline: float | None,
                 "Accept": "text/event-stream", "Last-Event-ID": str(cursor)}))
             resp = conn.getresponse()
             if resp.status != 200:
-                failure = _error_for(resp.status, _json(resp.read()))
+                failure = error_for(resp.status, _json(resp.read()))
                 if resp.status not in RETRY_STATUSES:
                     raise failure
                 raise _Retry(failure)

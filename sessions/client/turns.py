@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import Iterable, Iterator, Protocol
 
-from .errors import AgentEnded, _command_error
+from .errors import AgentEnded, command_error
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .agents import AttachedAgent
+SETTLED = ("turn.finished", "turn.interrupted")
+#: Statuses an agent never leaves (the server's sessions/models.py ENDED).
+ENDED = ("stopped", "lost", "unrecoverable")
 
-_SETTLED = ("turn.finished", "turn.interrupted")
+
+class Streams(Protocol):
+    """What a turn reads from: an agent's id and its event stream (agents.py)."""
+
+    id: str
+
+    def stream(self, *, after: int, deadline: float | None): ...
 
 # --- events, chunks, turns ------------------------------------------------------------------
 
@@ -108,7 +114,7 @@ class Turn:
     names it); ``number``: a turn already known; neither: the first turn that
     starts after ``after``."""
 
-    def __init__(self, agent: AttachedAgent, *, after: int, command: int | None = None,
+    def __init__(self, agent: Streams, *, after: int, command: int | None = None,
                  number: int | None = None, primed: list[Event] | None = None,
                  timeout: float | None = None, empty: bool = False):
         self.agent, self.cursor, self.command, self.number = agent, after, command, number
@@ -157,7 +163,7 @@ class Turn:
         if ev.type == "turn.started":
             return None
         self._reply.feed(ev)
-        if ev.type in _SETTLED:
+        if ev.type in SETTLED:
             self.outcome = ev.type.split(".", 1)[1]
             self.settled = ev
         new = self._reply.advance()
@@ -171,9 +177,9 @@ class Turn:
         d = ev.data
         if self.command is not None and ev.type == "command.failed" and \
                 str(d.get("command")) == str(self.command):
-            raise _command_error({"code": d.get("code"), "message": d.get("reason")}, "prompt")
+            raise command_error({"code": d.get("code"), "message": d.get("reason")}, "prompt")
         if ev.type == "agent.lost" or (ev.type == "agent.status" and
-                                       d.get("status") in ("stopped", "lost", "unrecoverable")):
+                                       d.get("status") in ENDED):
             raise AgentEnded(f"agent {self.agent.id} ended before the turn started "
                              f"({d.get('status') or 'lost'}: {d.get('reason')})",
                              code=f"agent.{d.get('status') or 'lost'}", body=d)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from django.http import HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
+from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from .. import journal
-from ..models import Event
+from ..models import AgentLease, Event
+from .actions import action_forms
 from .common import agent_or_404, agent_version, login_required, summarize
 
 FIRST_PAGE = 100
@@ -47,10 +49,6 @@ def agent_context(agent) -> dict:
 
 def _driving_worker(agent) -> str | None:
     """The worker whose lease on the agent is live now (docs/DEPLOYMENT.md), if any."""
-    from django.utils import timezone
-
-    from sessions.models import AgentLease
-
     return (AgentLease.objects.filter(agent=agent, expires_at__gt=timezone.now())
             .values_list("holder", flat=True).first())
 
@@ -58,8 +56,6 @@ def _driving_worker(agent) -> str | None:
 @require_GET
 @login_required
 def agent_page(request, agent_id: str):
-    from .actions import action_forms
-
     agent = agent_or_404(request.user, agent_id)
     page = journal.page_before(agent.id, agent.last_seq + 1, FIRST_PAGE)
     context = {

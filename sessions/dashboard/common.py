@@ -12,10 +12,9 @@ from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpResponse
 
 from .. import journal
-from ..api.auth import visible_agent, workspaces_of
-from ..models import Agent, AgentStatus
+from ..access import visible_agent, workspaces_of
+from ..models import ENDED, Agent, AgentStatus
 
-ENDED = {AgentStatus.STOPPED, AgentStatus.LOST, AgentStatus.UNRECOVERABLE}
 
 
 def _is_fragment(request) -> bool:
@@ -50,16 +49,9 @@ def agent_or_404(user, agent_id: str) -> Agent:
     return agent
 
 
-def effective_status(agent: Agent) -> tuple[str, str]:
-    reason = journal.unrecoverable_reason(agent.id)
-    if reason:
-        return AgentStatus.UNRECOVERABLE.value, reason
-    return agent.status, agent.status_reason
-
-
 def summarize(agent: Agent) -> dict:
     """Status, the running turn's progress and the last restore rung of one agent."""
-    status, reason = effective_status(agent)
+    status, reason = journal.effective_status(agent)
     info = {"agent": agent, "status": status, "reason": reason, "turn": None,
             "turns": None, "last_restore": None, "ended": status in ENDED}
     if agent.last_seq == 0:
@@ -95,5 +87,5 @@ def tree_version(user) -> str:
 
 def agent_version(agent: Agent) -> str:
     checkpoints = agent.checkpoints.filter(deleted_at=None).count()
-    status, _ = effective_status(agent)
+    status, _ = journal.effective_status(agent)
     return version_of([(agent.id, agent.last_seq, status, checkpoints)])

@@ -8,7 +8,7 @@ from django.http import HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from ..api.auth import workspaces_of
+from ..access import workspaces_of
 from ..forms import TextCommandForm
 from ..models import Event
 from .common import login_required, summarize, tree_version, visible_agents

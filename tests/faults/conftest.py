@@ -1,4 +1,4 @@
-"""The fault-injection suite (issue 4): each scenario drives a real server
+"""The fault-injection suite: each scenario drives a real server
 through its JSON API, injects a fault, brings the system back and counts
 invariant violations (tests.faults.invariants). At the end of the session a
 summary table is printed: scenario, iterations, rungs taken (from

@@ -46,7 +46,7 @@ def cannot_run(reason: str):
 
 
 def ensure_docker() -> None:
-    from sandboxes.backends.base import docker_engine_answers
+    from sandboxes.backends import docker_engine_answers
 
     if not docker_engine_answers():
         cannot_run("no Docker engine answers (as root, run .ci/docker-up)")

@@ -1,4 +1,4 @@
-"""The one invariant checker every fault scenario uses (issue 4, BRIEF §3).
+"""The one invariant checker every fault scenario uses.
 
 It reads the transcript through the JSON API (and Command rows, read-only,
 from the server's SQLite file) and returns a list of violations — strings,

@@ -1,4 +1,4 @@
-"""The bridge process killed inside a live sandbox (issue 4).
+"""The bridge process killed inside a live sandbox.
 
 local: SIGKILL of the sandbox's recorded pid (the bridge is the sandbox's
 command, so the sandbox is left exited) → rung `resume`.

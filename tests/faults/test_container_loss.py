@@ -1,4 +1,4 @@
-"""`docker rm -f` of an agent's container, idle and mid-turn (issue 4).
+"""`docker rm -f` of an agent's container, idle and mid-turn.
 
 With turn checkpoints (`checkpoint: true`) the agent comes back on rung
 `restore` (a fresh sandbox, the newest checkpoint in its home); without, on

@@ -1,4 +1,4 @@
-"""The database becoming unwritable (issue 4).
+"""The database becoming unwritable.
 
 ALINEO_DATA_DIR is a small loop-mounted ext4 image (chmod does not stop root,
 and SQLite tricks inside the server are not the filesystem failing), and the
@@ -39,7 +39,7 @@ from tests.faults.harness import (
     World, cannot_run, cleanup_sandboxes, ensure_root, excerpt, make_server,
     wait_running_step,
 )
-from tests.live import _parent_dir
+from tests.live import parent_dir
 
 IMAGE_MB = 96
 
@@ -51,7 +51,7 @@ class LoopDisk:
         for tool in ("mkfs.ext4", "mount", "umount", "fallocate", "chattr"):
             if shutil.which(tool) is None:
                 cannot_run(f"{tool} is not installed")
-        self.root = Path(tempfile.mkdtemp(prefix="flt-", dir=_parent_dir()))
+        self.root = Path(tempfile.mkdtemp(prefix="flt-", dir=parent_dir()))
         self.image = self.root / "disk.img"
         self.mnt = self.root / "mnt"
         self.mnt.mkdir()

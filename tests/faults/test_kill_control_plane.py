@@ -1,4 +1,4 @@
-"""`kill -9` of the control plane at random points during turns (issue 4).
+"""`kill -9` of the control plane at random points during turns.
 
 A real server drives three agents (one with turn checkpoints, a child spawned
 by a `spawn:` directive, and more children now and then) through demo turns

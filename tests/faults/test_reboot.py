@@ -1,4 +1,4 @@
-"""A machine reboot (issue 4), on a SEPARATE dockerd — never the developer's.
+"""A machine reboot, on a SEPARATE dockerd — never the developer's.
 
 The second engine has its own --data-root, --exec-root, --pidfile, unix socket
 and --cgroup-parent, `--bridge=none --iptables=false` (docs: notes

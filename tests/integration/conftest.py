@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.worlds import World, _cleanup_sandboxes, _server
+from tests.integration.worlds import World, cleanup_sandboxes, start_server
 from tests.live import LiveServer
 
 
@@ -38,7 +38,7 @@ def alineo_server_factory():
 
 @pytest.fixture(scope="session", autouse=True)
 def _remove_sandboxes_made_by_live_servers(tmp_path_factory):
-    """Live servers drive agents for real (sandboxes.supervisor): a test that
+    """Live servers drive agents for real (sessions.worker.supervisor): a test that
     spawns an agent with a prompt gets a sandbox — a container, or a local
     process group that outlives its server. At the end of the session remove
     every sandbox whose run dir lies under this run's data dirs."""
@@ -57,7 +57,7 @@ def _under(path: str, roots: list[str]) -> bool:
 
 
 def _remove_containers_under(roots: list[str]) -> None:
-    from sandboxes.backends.base import docker_engine_answers
+    from sandboxes.backends import docker_engine_answers
 
     if not docker_engine_answers():
         return
@@ -93,12 +93,12 @@ def _kill_local_bridges_under(roots: list[str]) -> None:
 @pytest.fixture(scope="module", params=["local", "docker"])
 def world(request):
     kind = request.param
-    server = _server(kind)
+    server = start_server(kind)
     server.start()
     try:
         actor = server.create_actor("olivia")
         yield World(server, actor, kind)
     finally:
         server.stop()
-        _cleanup_sandboxes(server, kind)
+        cleanup_sandboxes(server, kind)
         server.__exit__(None, None, None)

@@ -11,16 +11,16 @@ import uuid
 
 import httpx
 
-from tests.integration.test_credentials import _nowhere_but_the_credential_table, _set_secret
+from tests.integration.test_credentials import nowhere_but_the_credential_table, store_secret
 from tests.integration.test_ladder import remove_sandbox, settled_once
-from tests.integration.worlds import _count, _of
+from tests.integration.worlds import count_of, events_of
 
 
 HOLD = {"model": "demo", "credentials": [{"name": "tok", "env": "TOK", "approval": "hold"}]}
 
 
 def _requests(events, reason: str | None = None) -> list[dict]:
-    return [e for e in _of(events, "credential.approval_requested")
+    return [e for e in events_of(events, "credential.approval_requested")
             if reason is None or e["data"]["reason"] == reason]
 
 
@@ -31,12 +31,12 @@ def _approve(world, agent: str, body: dict | None = None, key: str | None = None
 
 
 def _bash_outputs(events) -> list[str]:
-    return [e["data"]["output"] for e in _of(events, "tool.result") if e["data"]["name"] == "bash"]
+    return [e["data"]["output"] for e in events_of(events, "tool.result") if e["data"]["name"] == "bash"]
 
 
 def test_a_held_credential_waits_for_approval_and_asks_again_after_the_sandbox_is_gone(world):
     canary = "canary-" + uuid.uuid4().hex
-    _set_secret(world, "tok", canary)
+    store_secret(world, "tok", canary)
     agent = world.spawn(HOLD, "run: echo first-${TOK:+set}")
 
     # 1. First start: the worker asks, and waits — no sandbox, the prompt stays pending.
@@ -49,7 +49,7 @@ def test_a_held_credential_waits_for_approval_and_asks_again_after_the_sandbox_i
     assert detail["status_reason"] == "waiting for approval of credential(s) tok"
     events = world.events(agent)
     assert len(_requests(events)) == 1
-    assert not _of(events, "agent.sandbox") and not _of(events, "turn.started")
+    assert not events_of(events, "agent.sandbox") and not events_of(events, "turn.started")
 
     # 2. Approve (idempotent by key): the sandbox starts with the secret and the prompt runs.
     first = _approve(world, agent, key=f"approve-{agent}-1")
@@ -58,8 +58,8 @@ def test_a_held_credential_waits_for_approval_and_asks_again_after_the_sandbox_i
     assert again.json() == first.json() and again.headers.get("Idempotent-Replayed") == "true"
     assert first.json()["bindings"] == ["tok"]
     events = world.wait_turns(agent, 1)
-    assert len(_of(events, "credential.approved")) == 1
-    assert _of(events, "credential.approved")[0]["data"]["by"] == world.actor.username
+    assert len(events_of(events, "credential.approved")) == 1
+    assert events_of(events, "credential.approved")[0]["data"]["by"] == world.actor.username
     assert any("first-set" in out for out in _bash_outputs(events)), _bash_outputs(events)
     # Nothing waits now: a further approval is refused.
     r = _approve(world, agent)
@@ -77,26 +77,26 @@ def test_a_held_credential_waits_for_approval_and_asks_again_after_the_sandbox_i
     assert detail["status"] == "restoring", detail
     assert detail["status_reason"] == "waiting for approval of credential(s) tok"
     events = world.events(agent)
-    assert not _of(events, "agent.lost") and not _of(events, "agent.restored")
+    assert not events_of(events, "agent.lost") and not events_of(events, "agent.restored")
     assert len(_requests(events, "sandbox_replaced")) == 1
-    assert _count(events, "turn.started") == 1
+    assert count_of(events, "turn.started") == 1
 
     # 4. Approve again: restored on a fresh sandbox (with the secret), and it answers the prompt.
     assert _approve(world, agent, {"bindings": ["tok"]}).status_code == 202
     events = world.wait_turns(agent, 2)
-    rungs = [e["data"]["rung"] for e in _of(events, "agent.restored")]
+    rungs = [e["data"]["rung"] for e in events_of(events, "agent.restored")]
     assert rungs and rungs[-1] in ("restore", "rebuild"), rungs
-    assert _of(events, "agent.restored")[-1]["data"]["old_sandbox_id"] == sid
-    assert not _of(events, "agent.lost")
+    assert events_of(events, "agent.restored")[-1]["data"]["old_sandbox_id"] == sid
+    assert not events_of(events, "agent.lost")
     assert any("again-set" in out for out in _bash_outputs(events)), _bash_outputs(events)
     settled_once(events)
     detail = world.get(f"/api/agents/{agent}")
     assert detail["sandbox_id"] not in (None, sid) and detail["status"] == "idle", detail
-    _nowhere_but_the_credential_table(world, canary)
+    nowhere_but_the_credential_table(world, canary)
 
 
 def test_an_agent_without_held_credentials_starts_at_once(world):
-    _set_secret(world, "free-tok", "free-" + uuid.uuid4().hex)
+    store_secret(world, "free-tok", "free-" + uuid.uuid4().hex)
     spec = {"model": "demo", "credentials": [{"name": "free-tok", "env": "FREE", "approval": "auto"}]}
     agent = world.spawn(spec, "run: echo ${FREE:+set}")
     events = world.wait_turns(agent, 1)

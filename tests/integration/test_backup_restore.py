@@ -1,4 +1,4 @@
-"""Durable beyond one machine (issue 6 item 6): a live server with a
+"""Durable beyond one machine: a live server with a
 checkpointing agent is backed up ONLINE (`manage.py backup` while it serves),
 then the machine is "lost" — server stopped, its sandboxes removed, its data
 dir wiped — and `manage.py restore` rebuilds the deployment in a fresh data
@@ -26,12 +26,12 @@ from tests.integration.test_ladder import assert_sound, restored, settled_once
 from tests.integration.worlds import (
     LABEL,
     World,
-    _cleanup_sandboxes,
-    _count,
-    _ensure_docker,
-    _of,
+    cleanup_sandboxes,
+    count_of,
+    ensure_docker,
+    events_of,
 )
-from tests.live import LiveServer, _parent_dir
+from tests.live import LiveServer, parent_dir
 
 CHECKPOINTED = {"model": "demo", "checkpoint": True}
 
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.live
 
 
 def _bash_outputs(events) -> list[str]:
-    return [e["data"].get("output", "") for e in _of(events, "tool.result") if e["data"].get("name") == "bash"]
+    return [e["data"].get("output", "") for e in events_of(events, "tool.result") if e["data"].get("name") == "bash"]
 
 
 # The engine is shared with the rest of the suite: "wiping" an image removes
@@ -94,20 +94,20 @@ def _retag_kept() -> None:
 @pytest.mark.parametrize("kind", ["local", "docker"])
 def test_backup_wipe_restore_and_the_agent_finds_its_files(kind, tmp_path):
     if kind == "docker":
-        _ensure_docker()
+        ensure_docker()
     env = {"ALINEO_SANDBOX": kind, "ALINEO_SANDBOX_LABELS": LABEL}
     backups = tmp_path / "backups"
     old = LiveServer(env=env)
-    new_dir = Path(tempfile.mkdtemp(prefix="restored-", dir=_parent_dir()))
+    new_dir = Path(tempfile.mkdtemp(prefix="restored-", dir=parent_dir()))
     new = LiveServer(env=env, data_dir=new_dir)
     try:
         # --- the old machine: two turns, each checkpointed ---------------------------------------
         old.start()
         w = World(old, old.create_actor("olivia"), kind)
         agent = w.spawn(CHECKPOINTED, "write notes.txt: hello")
-        w.wait_for(agent, lambda evs: _count(evs, "agent.checkpointed") >= 1, "the first checkpoint")
+        w.wait_for(agent, lambda evs: count_of(evs, "agent.checkpointed") >= 1, "the first checkpoint")
         w.send(agent, "prompt", "write more.txt: second turn")
-        before = w.wait_for(agent, lambda evs: _count(evs, "agent.checkpointed") >= 2, "the second checkpoint")
+        before = w.wait_for(agent, lambda evs: count_of(evs, "agent.checkpointed") >= 2, "the second checkpoint")
         old_sandbox = w.get(f"/api/agents/{agent}")["sandbox_id"]
 
         # --- an online backup, the server still serving ------------------------------------------
@@ -126,7 +126,7 @@ def test_backup_wipe_restore_and_the_agent_finds_its_files(kind, tmp_path):
 
         # --- the machine is lost ------------------------------------------------------------------
         old.stop()
-        _cleanup_sandboxes(old, kind)
+        cleanup_sandboxes(old, kind)
         shutil.rmtree(old.data_dir)
         if kind == "docker":  # and its images: the restore must bring the tags back
             wiped = _untag_images([i["tag"] for i in manifest["images"]])
@@ -154,7 +154,7 @@ def test_backup_wipe_restore_and_the_agent_finds_its_files(kind, tmp_path):
         events = w2.events(agent)
         backed_up = [e for e in before if e["seq"] <= len(events)]
         assert events[:len(backed_up)] == backed_up, "the restored transcript differs from the original"
-        assert _count(events, "turn.finished") >= 2
+        assert count_of(events, "turn.finished") >= 2
 
         w2.send(agent, "prompt", "run: cat notes.txt\nrun: cat more.txt")
         head = len(events)
@@ -175,6 +175,6 @@ def test_backup_wipe_restore_and_the_agent_finds_its_files(kind, tmp_path):
             _retag_kept()
         for server in (old, new):
             server.stop()
-            _cleanup_sandboxes(server, kind)
+            cleanup_sandboxes(server, kind)
         shutil.rmtree(old.data_dir, ignore_errors=True)
         shutil.rmtree(new_dir, ignore_errors=True)

@@ -29,7 +29,7 @@ from sessions.client import (
     Agent, Alineo, AttachedAgent, BridgeUnavailable, NotFound, text_only)
 from tests.integration.client_proxy import CuttingProxy
 from tests.integration.worlds import (
-    LABEL, WAIT, World, _cleanup_sandboxes, _ensure_docker, _of, assert_sound, remove_sandbox)
+    LABEL, WAIT, World, cleanup_sandboxes, ensure_docker, events_of, assert_sound, remove_sandbox)
 from tests.live import LiveServer
 
 PROC = Path(__file__).with_name("client_proc.py")
@@ -39,7 +39,7 @@ CHECKPOINTED = {"model": "demo", "checkpoint": True}
 
 def _world(kind: str) -> World:
     if kind == "docker":
-        _ensure_docker()
+        ensure_docker()
     server = LiveServer(env={"ALINEO_SANDBOX": kind, "ALINEO_SANDBOX_LABELS": LABEL})
     server.start()
     return World(server, server.create_actor("olivia"), kind)
@@ -47,7 +47,7 @@ def _world(kind: str) -> World:
 
 def _close(world: World) -> None:
     world.server.stop()
-    _cleanup_sandboxes(world.server, world.kind)
+    cleanup_sandboxes(world.server, world.kind)
     world.server.__exit__(None, None, None)
 
 
@@ -65,7 +65,7 @@ def opts(world: World) -> dict:
 def assistant_reply(events: list[dict], turn: int) -> str:
     """The turn's reply as the transcript has it, computed here independently
     of the client: its message.assistant texts, joined by a blank line."""
-    return "\n\n".join(e["data"]["text"] for e in _of(events, "message.assistant")
+    return "\n\n".join(e["data"]["text"] for e in events_of(events, "message.assistant")
                        if e["data"].get("turn") == turn)
 
 
@@ -112,7 +112,7 @@ def test_a_killed_client_process_is_followed_by_another_without_repeats(local):
     chunks1 = [x for x in lines if "kind" in x]
     cursor = chunks1[-1]["seq"]
     events = local.events(agent_id)
-    assert not _of(events, "turn.finished"), "the turn ended before the client was killed"
+    assert not events_of(events, "turn.finished"), "the turn ended before the client was killed"
 
     second = run_proc("follow", local.url, local.actor.token, agent_id, str(cursor))
     try:
@@ -134,7 +134,7 @@ def test_a_killed_client_process_is_followed_by_another_without_repeats(local):
     assert "[demo] Done." in text2  # the part after the sleep reached the second process only
     seqs = [x["seq"] for x in chunks1 + chunks2]
     assert seqs == sorted(set(seqs)), "a chunk was delivered twice"
-    assert len(_of(events, "turn.started")) == 1  # the turn ran once
+    assert len(events_of(events, "turn.started")) == 1  # the turn ran once
     assert_sound(events)
 
 
@@ -152,9 +152,9 @@ def test_resume_drops_a_running_turn_and_brings_a_killed_bridge_back(local):
     local.wait_for(agent.id, sleeping, "the sleep step")
     resumed = Alineo.resume(agent.id, **opts(local))
     assert resumed.rung == "resume" and resumed.sandbox_id == sid
-    events = local.wait_for(agent.id, lambda evs: _of(evs, "turn.interrupted"), "the dropped turn")
-    assert [e["data"]["turn"] for e in _of(events, "turn.interrupted")] == [2]
-    restored = _of(events, "agent.restored")
+    events = local.wait_for(agent.id, lambda evs: events_of(evs, "turn.interrupted"), "the dropped turn")
+    assert [e["data"]["turn"] for e in events_of(events, "turn.interrupted")] == [2]
+    restored = events_of(events, "agent.restored")
     assert restored[-1]["data"]["reason"] == "client_resume"
     assert "".join(text_only(resumed.prompt("say: still here"))) == "[demo] still here"
 
@@ -166,9 +166,9 @@ def test_resume_drops_a_running_turn_and_brings_a_killed_bridge_back(local):
     assert again.rung == "resume" and again.sandbox_id == sid
     assert "".join(text_only(again.prompt("say: after the kill"))) == "[demo] after the kill"
     events = local.events(agent.id)
-    interrupted = [e["data"]["turn"] for e in _of(events, "turn.interrupted")]
+    interrupted = [e["data"]["turn"] for e in events_of(events, "turn.interrupted")]
     assert interrupted == [2, 4], interrupted  # each dropped turn settled exactly once
-    assert [e["data"]["turn"] for e in _of(events, "turn.finished")] == [1, 3, 5]
+    assert [e["data"]["turn"] for e in events_of(events, "turn.finished")] == [1, 3, 5]
     assert_sound(events)
 
 
@@ -198,7 +198,7 @@ def test_reattach_restores_a_removed_sandbox(local, kind):
         reply = "".join(text_only(back.prompt("run: cat keep.txt")))
         assert "kept" in reply
         events = world.events(agent.id)
-        assert _of(events, "agent.restored")[-1]["data"]["new_sandbox_id"] == back.sandbox_id
+        assert events_of(events, "agent.restored")[-1]["data"]["new_sandbox_id"] == back.sandbox_id
 
         # resume on this backend: the bridge restarted in the same (new) sandbox
         resumed = Alineo.resume(agent.id, **opts(world))
@@ -208,7 +208,7 @@ def test_reattach_restores_a_removed_sandbox(local, kind):
         assert child.parent == agent.id
         assert "".join(text_only(resumed.prompt("say: on"))) == "[demo] on"
         events = world.events(agent.id)
-        assert _of(events, "agent.restored")[-1]["data"]["reason"] == "client_resume"
+        assert events_of(events, "agent.restored")[-1]["data"]["reason"] == "client_resume"
         assert_sound(events)
     finally:
         if world is not local:
@@ -264,7 +264,7 @@ def test_a_missed_checkpoint_raises_and_the_agent_carries_on(local):
 
     agent = Alineo.start(CHECKPOINTED, **opts(local))
     assert "".join(text_only(agent.prompt("say: one"))) == "[demo] one"
-    local.wait_for(agent.id, lambda evs: _of(evs, "agent.checkpointed"), "the turn's checkpoint")
+    local.wait_for(agent.id, lambda evs: events_of(evs, "agent.checkpointed"), "the turn's checkpoint")
     folder = local.server.data_dir / "checkpoints" / agent.id
     moved = folder.with_name(folder.name + ".aside")
     folder.rename(moved)
@@ -277,9 +277,9 @@ def test_a_missed_checkpoint_raises_and_the_agent_carries_on(local):
         folder.unlink()
         moved.rename(folder)
     events = local.events(agent.id)
-    failed = _of(events, "agent.checkpoint_failed")
+    failed = events_of(events, "agent.checkpoint_failed")
     assert len(failed) == 1 and failed[0]["data"]["command"]
-    assert not _of(events, "turn.interrupted") and len(_of(events, "turn.finished")) == 1
+    assert not events_of(events, "turn.interrupted") and len(events_of(events, "turn.finished")) == 1
     assert "".join(text_only(agent.prompt("say: two"))) == "[demo] two"  # no failed turn
     taken = agent.take_checkpoint()
     assert taken["turn"] == 2 and taken["checkpoint"] in [c["id"] for c in agent.checkpoints()]
@@ -292,7 +292,7 @@ def test_reattach_brings_an_idle_unloaded_agent_back(alineo_server_factory):
     try:
         agent = Alineo.start(DEMO, **opts(world))
         assert "".join(text_only(agent.prompt("say: hi"))) == "[demo] hi"
-        world.wait_for(agent.id, lambda evs: _of(evs, "agent.unloaded"), "the unload")
+        world.wait_for(agent.id, lambda evs: events_of(evs, "agent.unloaded"), "the unload")
         sid = agent.refresh().sandbox_id
         back = Alineo.reattach(agent.id, **opts(world))
         assert back.rung == "resume" and back.sandbox_id == sid  # local; docker says "restart"
@@ -300,7 +300,7 @@ def test_reattach_brings_an_idle_unloaded_agent_back(alineo_server_factory):
         assert "".join(text_only(back.prompt("say: again"))) == "[demo] again"
     finally:
         server.stop()
-        _cleanup_sandboxes(server, "local")
+        cleanup_sandboxes(server, "local")
 
 
 def test_the_example_gets_back_in(local):

@@ -15,11 +15,11 @@ import uuid
 
 import httpx
 
-from tests.integration.worlds import _of, assert_sound
+from tests.integration.worlds import events_of, assert_sound
 from tests.unit.bridge.fake_models import SSE, FakeModelServer, openai_events
 
 
-def _set_secret(world, name: str, value: str) -> None:
+def store_secret(world, name: str, value: str) -> None:
     world.server.django(
         "from sessions.models import Workspace\n"
         "from sessions.credentials import set_secret\n"
@@ -28,7 +28,7 @@ def _set_secret(world, name: str, value: str) -> None:
     )
 
 
-def _nowhere_but_the_credential_table(world, canary: str) -> None:
+def nowhere_but_the_credential_table(world, canary: str) -> None:
     db = sqlite3.connect(world.server.data_dir / "alineo.sqlite3")
     try:
         for table in ("agent_sessions_event", "agent_sessions_checkpoint", "agent_sessions_command",
@@ -46,20 +46,20 @@ def _nowhere_but_the_credential_table(world, canary: str) -> None:
 
 def test_a_bound_secret_is_in_the_sandbox_env_and_redacted_everywhere(world):
     canary = "canary-" + uuid.uuid4().hex
-    _set_secret(world, "deploy-token", canary)
+    store_secret(world, "deploy-token", canary)
     spec = {"model": "demo", "checkpoint": True,
             "credentials": [{"name": "deploy-token", "env": "DEPLOY_TOKEN"}]}
     agent = world.spawn(spec, "run: echo token=$DEPLOY_TOKEN")
     events = world.wait_turns(agent, 1)
-    result = next(e for e in _of(events, "tool.result") if e["data"]["name"] == "bash")
+    result = next(e for e in events_of(events, "tool.result") if e["data"]["name"] == "bash")
     # The tool saw the value (so it was injected), and the transcript shows only its name.
     assert "token=[redacted:deploy-token]" in result["data"]["output"]
     assert canary not in json.dumps(events)
     assert_sound(events)
-    world.wait_for(agent, lambda evs: _of(evs, "agent.checkpointed"), "a checkpoint")
+    world.wait_for(agent, lambda evs: events_of(evs, "agent.checkpointed"), "a checkpoint")
     checkpoints = httpx.get(f"{world.url}/api/agents/{agent}/checkpoints", headers=world.actor.auth)
     assert canary not in checkpoints.text
-    _nowhere_but_the_credential_table(world, canary)
+    nowhere_but_the_credential_table(world, canary)
 
 
 def test_an_unknown_credential_is_refused_at_spawn(world):
@@ -81,8 +81,8 @@ def test_openai_compatible_provider_with_a_bound_key_runs_a_turn(world):
                               [("call_1", "bash", ['{"command": ', '"echo hi-from-tool"}'])])),
             SSE(openai_events(["All ", "done."])),
         ]
-        _set_secret(world, "openai-key", key)
-        _set_secret(world, "openai-url", fake.url + "/v1")
+        store_secret(world, "openai-key", key)
+        store_secret(world, "openai-url", fake.url + "/v1")
         spec = {"model": "openai:fake-model", "network": "host",
                 "credentials": [{"name": "openai-key", "env": "OPENAI_API_KEY"},
                                 {"name": "openai-url", "env": "OPENAI_BASE_URL"}]}
@@ -91,10 +91,10 @@ def test_openai_compatible_provider_with_a_bound_key_runs_a_turn(world):
     assert len(fake.requests) == 2
     assert fake.requests[0]["headers"]["authorization"] == f"Bearer {key}"
     assert fake.requests[0]["body"]["model"] == "fake-model"
-    result = next(e for e in _of(events, "tool.result"))
+    result = next(e for e in events_of(events, "tool.result"))
     assert "hi-from-tool" in result["data"]["output"]
-    finished = _of(events, "turn.finished")[0]
+    finished = events_of(events, "turn.finished")[0]
     assert finished["data"]["text"].endswith("All done.")
     assert key not in json.dumps(events)
     assert_sound(events)
-    _nowhere_but_the_credential_table(world, key)
+    nowhere_but_the_credential_table(world, key)

@@ -10,7 +10,7 @@ import pytest
 
 from sandboxes.backends.base import SandboxStatus
 from tests.integration.worlds import (
-    LABEL, WAIT, World, _cleanup_sandboxes, _ensure_docker, _of, assert_sound)
+    LABEL, WAIT, World, cleanup_sandboxes, ensure_docker, events_of, assert_sound)
 from tests.live import LiveServer
 
 
@@ -18,7 +18,7 @@ from tests.live import LiveServer
 def idle_world(request):
     kind = request.param
     if kind == "docker":
-        _ensure_docker()
+        ensure_docker()
     server = LiveServer(env={"ALINEO_SANDBOX": kind, "ALINEO_SANDBOX_LABELS": LABEL,
                              "ALINEO_IDLE_UNLOAD_S": "2"})
     server.start()
@@ -26,7 +26,7 @@ def idle_world(request):
         yield World(server, server.create_actor("olivia"), kind)
     finally:
         server.stop()
-        _cleanup_sandboxes(server, kind)
+        cleanup_sandboxes(server, kind)
         server.__exit__(None, None, None)
 
 
@@ -44,7 +44,7 @@ def test_an_idle_agent_is_unloaded_and_a_prompt_brings_it_back(idle_world):
     world = idle_world
     spec = {"model": "demo", "hooks": {"session_start": "echo started"}}
     agent = world.spawn(spec, "write notes.txt: kept")
-    events = world.wait_for(agent, lambda evs: _of(evs, "agent.unloaded"), "the unload")
+    events = world.wait_for(agent, lambda evs: events_of(evs, "agent.unloaded"), "the unload")
     sandbox = world.get(f"/api/agents/{agent}")["sandbox_id"]
     assert world.get(f"/api/agents/{agent}")["status_reason"] == "unloaded"
     deadline = time.monotonic() + WAIT
@@ -53,17 +53,17 @@ def test_an_idle_agent_is_unloaded_and_a_prompt_brings_it_back(idle_world):
         time.sleep(0.2)
     time.sleep(4)  # the watcher runs every 3 s: it must leave an unloaded agent alone
     assert _sandbox_state(world, sandbox) is not SandboxStatus.RUNNING
-    assert not _of(world.events(agent), "agent.restored")
+    assert not events_of(world.events(agent), "agent.restored")
 
     world.send(agent, "prompt", "run: cat notes.txt")
     events = world.wait_turns(agent, 2)
-    restored = _of(events, "agent.restored")
+    restored = events_of(events, "agent.restored")
     assert restored and restored[-1]["data"]["rung"] in ("restart", "resume")
     assert world.get(f"/api/agents/{agent}")["sandbox_id"] == sandbox  # the same sandbox, woken
-    output = next(e["data"]["output"] for e in _of(events, "tool.result")
+    output = next(e["data"]["output"] for e in events_of(events, "tool.result")
                   if e["data"].get("turn") == 2)
     assert "kept" in output
-    sources = [e["data"].get("source") for e in _of(events, "hook.verdict")
+    sources = [e["data"].get("source") for e in events_of(events, "hook.verdict")
                if e["data"].get("hook") == "session_start"]
     assert sources[:1] == ["startup"] and sources[-1] == "resume"
     assert_sound(events)

@@ -14,7 +14,7 @@ import signal
 
 import pytest
 
-from tests.integration.worlds import DEMO, World, _count, _of, remove_sandbox
+from tests.integration.worlds import DEMO, World, count_of, events_of, remove_sandbox
 
 
 CHECKPOINTED = {"model": "demo", "checkpoint": True}
@@ -37,17 +37,17 @@ def assert_sound(events: list[dict]) -> None:
 
 
 def restored(events, rung: str | None = None) -> list[dict]:
-    return [e for e in _of(events, "agent.restored") if rung is None or e["data"]["rung"] == rung]
+    return [e for e in events_of(events, "agent.restored") if rung is None or e["data"]["rung"] == rung]
 
 
 def settled_once(events) -> None:
     """Every turn that started settled exactly once (finished or interrupted)."""
-    started = [e["data"]["turn"] for e in _of(events, "turn.started")]
+    started = [e["data"]["turn"] for e in events_of(events, "turn.started")]
     ends = [e["data"]["turn"] for e in events if e["type"] in ("turn.finished", "turn.interrupted")]
     assert sorted(started) == sorted(ends), (started, ends)
     assert len(ends) == len(set(ends)), f"a turn settled twice: {ends}"
-    calls = [e["data"]["tool_call_id"] for e in _of(events, "tool.dispatched")]
-    results = [e["data"]["tool_call_id"] for e in _of(events, "tool.result")]
+    calls = [e["data"]["tool_call_id"] for e in events_of(events, "tool.dispatched")]
+    results = [e["data"]["tool_call_id"] for e in events_of(events, "tool.result")]
     assert sorted(calls) == sorted(results), "a tool call has no result (or two)"
 
 
@@ -98,8 +98,8 @@ def sleeping(evs) -> bool:
 
 def test_a_removed_sandbox_is_restored_from_its_checkpoint(world):
     agent = world.spawn(CHECKPOINTED, "write notes.txt: kept across the loss\nspawn: say: a child")
-    world.wait_for(agent, lambda evs: _count(evs, "agent.checkpointed") >= 1, "a checkpoint")
-    child = _of(world.events(agent), "agent.child_spawned")[0]["data"]["child"]
+    world.wait_for(agent, lambda evs: count_of(evs, "agent.checkpointed") >= 1, "a checkpoint")
+    child = events_of(world.events(agent), "agent.child_spawned")[0]["data"]["child"]
     old = sandbox_of(world, agent)
     remove_sandbox(world, old)
     world.send(agent, "prompt", "run: cat notes.txt")
@@ -110,9 +110,9 @@ def test_a_removed_sandbox_is_restored_from_its_checkpoint(world):
     assert data["old_sandbox_id"] == old and data["new_sandbox_id"] != old
     assert data["reason"] == "sandbox_missing" and data["checkpoint_turn"] == 1
     assert sandbox_of(world, agent) == data["new_sandbox_id"]
-    cat = _of(events, "tool.result")[-1]["data"]
+    cat = events_of(events, "tool.result")[-1]["data"]
     assert "kept across the loss" in cat["output"] and cat["exit_code"] == 0
-    assert [e["data"]["turn"] for e in _of(events, "turn.finished")] == [1, 2]
+    assert [e["data"]["turn"] for e in events_of(events, "turn.finished")] == [1, 2]
     assert_sound(events)
     settled_once(events)
     # The tree survives the rung: the child still has its parent, and the
@@ -121,7 +121,7 @@ def test_a_removed_sandbox_is_restored_from_its_checkpoint(world):
     assert listed[child]["parent"] == agent and child in listed[agent]["children"]
     world.send(agent, "prompt", "spawn: say: a second child")
     events = world.wait_turns(agent, 3)
-    assert _count(events, "agent.child_spawned") == 2
+    assert count_of(events, "agent.child_spawned") == 2
 
 
 def test_without_a_checkpoint_the_bridge_is_rebuilt_from_the_transcript(world):
@@ -139,18 +139,18 @@ def test_without_a_checkpoint_the_bridge_is_rebuilt_from_the_transcript(world):
     assert rungs[0]["data"]["new_sandbox_id"] == sandbox_of(world, agent) != old
     # The new bridge was seeded with both earlier turns (2 prompts, 2 final
     # answers, one tool call and its result) and numbers the next turn after them.
-    seeded = _of(events, "session.seeded")
+    seeded = events_of(events, "session.seeded")
     assert len(seeded) == 1 and seeded[0]["data"]["turns"] == 2
     assert seeded[0]["data"]["messages"] >= 6
-    assert [e["data"]["turn"] for e in _of(events, "turn.finished")] == [1, 2, 3]
-    assert "third" in _of(events, "turn.finished")[-1]["data"]["text"]
+    assert [e["data"]["turn"] for e in events_of(events, "turn.finished")] == [1, 2, 3]
+    assert "third" in events_of(events, "turn.finished")[-1]["data"]["text"]
     assert_sound(events)
     settled_once(events)
 
 
 def test_an_expired_checkpoint_is_not_restored_the_agent_is_rebuilt(world):
     agent = world.spawn(CHECKPOINTED, "write old.txt: stale")
-    world.wait_for(agent, lambda evs: _count(evs, "agent.checkpointed") >= 1, "a checkpoint")
+    world.wait_for(agent, lambda evs: count_of(evs, "agent.checkpointed") >= 1, "a checkpoint")
     world.server.django(
         "from datetime import timedelta\n"
         "from django.utils import timezone\n"
@@ -163,29 +163,29 @@ def test_an_expired_checkpoint_is_not_restored_the_agent_is_rebuilt(world):
     events = world.wait_turns(agent, 2)
     assert [(r["data"]["rung"], r["data"]["reason"]) for r in restored(events)] == \
         [("rebuild", "checkpoint_expired")]
-    assert "gone" in _of(events, "tool.result")[-1]["data"]["output"]
+    assert "gone" in events_of(events, "tool.result")[-1]["data"]["output"]
     assert_sound(events)
     settled_once(events)
 
 
 def test_a_sandbox_removed_mid_turn_settles_the_turn_once(world):
     agent = world.spawn(CHECKPOINTED, "write a.txt: one")
-    world.wait_for(agent, lambda evs: _count(evs, "agent.checkpointed") >= 1, "a checkpoint")
+    world.wait_for(agent, lambda evs: count_of(evs, "agent.checkpointed") >= 1, "a checkpoint")
     world.send(agent, "prompt", "run: echo started\nsleep: 5")
     world.wait_for(agent, sleeping, "the sleep step")
     remove_sandbox(world, sandbox_of(world, agent))
-    events = world.wait_for(agent, lambda evs: _count(evs, "turn.interrupted") >= 1,
+    events = world.wait_for(agent, lambda evs: count_of(evs, "turn.interrupted") >= 1,
                             "the lost turn settled")
     world.send(agent, "prompt", "run: cat a.txt")
     events = world.wait_turns(agent, 2)
-    interrupted = _of(events, "turn.interrupted")
+    interrupted = events_of(events, "turn.interrupted")
     assert len(interrupted) == 1
     assert interrupted[0]["data"]["turn"] == 2 and interrupted[0]["data"]["reason"] == "sandbox_lost"
-    dangling = [e for e in _of(events, "tool.result") if e["data"].get("interrupted")]
+    dangling = [e for e in events_of(events, "tool.result") if e["data"].get("interrupted")]
     assert dangling and all(e["data"]["exit_code"] == -1 for e in dangling)
     assert [r["data"]["rung"] for r in restored(events)] == ["restore"]
-    assert [e["data"]["turn"] for e in _of(events, "turn.finished")] == [1, 3]
-    assert "one" in _of(events, "tool.result")[-1]["data"]["output"]
+    assert [e["data"]["turn"] for e in events_of(events, "turn.finished")] == [1, 3]
+    assert "one" in events_of(events, "tool.result")[-1]["data"]["output"]
     assert_sound(events)
     settled_once(events)
 
@@ -197,7 +197,7 @@ def test_a_killed_bridge_is_resumed_and_its_turn_settles_once(world):
     world.send(agent, "prompt", "sleep: 5")
     world.wait_for(agent, sleeping, "the sleep step")
     kill_bridge(world, sid)
-    events = world.wait_for(agent, lambda evs: _count(evs, "turn.interrupted") >= 1,
+    events = world.wait_for(agent, lambda evs: count_of(evs, "turn.interrupted") >= 1,
                             "the interrupted turn")
     world.send(agent, "prompt", "say: after the kill")
     events = world.wait_turns(agent, 2)
@@ -205,7 +205,7 @@ def test_a_killed_bridge_is_resumed_and_its_turn_settles_once(world):
     rungs = restored(events)
     assert [r["data"]["rung"] for r in rungs] == [rung], rungs
     assert rungs[0]["data"]["old_sandbox_id"] == rungs[0]["data"]["new_sandbox_id"] == sid
-    interrupted = _of(events, "turn.interrupted")
+    interrupted = events_of(events, "turn.interrupted")
     assert len(interrupted) == 1 and interrupted[0]["data"]["reason"] == "bridge_restarted"
     assert sandbox_of(world, agent) == sid
     assert_sound(events)
@@ -214,7 +214,7 @@ def test_a_killed_bridge_is_resumed_and_its_turn_settles_once(world):
 
 def test_the_watcher_restores_a_removed_sandbox_without_a_prompt(world):
     agent = world.spawn(CHECKPOINTED, "write w.txt: watched")
-    world.wait_for(agent, lambda evs: _count(evs, "agent.checkpointed") >= 1, "a checkpoint")
+    world.wait_for(agent, lambda evs: count_of(evs, "agent.checkpointed") >= 1, "a checkpoint")
     old = sandbox_of(world, agent)
     remove_sandbox(world, old)
     events = world.wait_for(agent, lambda evs: len(restored(evs)) >= 1, "a restore, unprompted")
@@ -222,7 +222,7 @@ def test_the_watcher_restores_a_removed_sandbox_without_a_prompt(world):
     assert sandbox_of(world, agent) != old
     world.send(agent, "prompt", "run: cat w.txt")
     events = world.wait_turns(agent, 2)
-    assert "watched" in _of(events, "tool.result")[-1]["data"]["output"]
+    assert "watched" in events_of(events, "tool.result")[-1]["data"]["output"]
     assert len(restored(events)) == 1
     assert_sound(events)
 
@@ -240,7 +240,7 @@ def test_after_a_control_plane_kill_idle_agents_are_reattached(world):
     assert rungs[0]["data"]["old_sandbox_id"] == rungs[0]["data"]["new_sandbox_id"] == sid
     world.send(agent, "prompt", "say: after")
     events = world.wait_turns(agent, 2)
-    assert _count(events, "agent.sandbox") == 1 and sandbox_of(world, agent) == sid
+    assert count_of(events, "agent.sandbox") == 1 and sandbox_of(world, agent) == sid
     assert len(restored(events)) == 1
     assert_sound(events)
     settled_once(events)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from tests.integration.worlds import _of
+from tests.integration.worlds import events_of
 from tests.unit.bridge.fake_models import SSE, FakeModelServer, openai_events
 
 
@@ -16,7 +16,7 @@ def _memory_call(call_id: str, args: dict) -> SSE:
     return SSE(openai_events([], [(call_id, "memory", [json.dumps(args)])]))
 
 
-def _remove_sandbox(world, sandbox_id: str) -> None:
+def remove_sandbox(world, sandbox_id: str) -> None:
     if world.kind == "docker":
         from sandboxes.backends.docker import DockerBackend
 
@@ -45,7 +45,7 @@ def test_memory_survives_the_loss_of_the_sandbox(world):
         agent = world.spawn(spec, "remember the plan")
         world.wait_turns(agent, 1)
         sandbox = world.get(f"/api/agents/{agent}")["sandbox_id"]
-        _remove_sandbox(world, sandbox)  # no checkpoint: the agent is rebuilt on a fresh disk
+        remove_sandbox(world, sandbox)  # no checkpoint: the agent is rebuilt on a fresh disk
 
         fake.script += [
             _memory_call("m2", {"op": "get", "key": "plan"}),
@@ -54,6 +54,6 @@ def test_memory_survives_the_loss_of_the_sandbox(world):
         world.send(agent, "prompt", "what was the plan?")
         events = world.wait_turns(agent, 2)
     assert world.get(f"/api/agents/{agent}")["sandbox_id"] != sandbox
-    assert _of(events, "agent.restored")[-1]["data"]["rung"] == "rebuild"
-    got = next(e["data"] for e in _of(events, "tool.result") if e["data"]["tool_call_id"] == "m2")
+    assert events_of(events, "agent.restored")[-1]["data"]["rung"] == "rebuild"
+    got = next(e["data"] for e in events_of(events, "tool.result") if e["data"]["tool_call_id"] == "m2")
     assert json.loads(got["output"]) == {"key": "plan", "found": True, "value": note}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.integration.worlds import LABEL, WAIT, _cleanup_sandboxes, _of
+from tests.integration.worlds import LABEL, WAIT, cleanup_sandboxes, events_of
 from tests.live import LiveServer
 
 
@@ -34,7 +34,7 @@ def test_the_sweep_removes_an_expired_checkpoint_by_itself():
         r = httpx.post(f"{server.url}/api/agents", headers=actor.auth,
                        json={"spec": {"model": "demo", "checkpoint": True}, "prompt": "write a.txt: x"})
         agent = r.json()["id"]
-        _wait(lambda: _of(_events(server, actor, agent), "agent.checkpointed"), "a checkpoint")
+        _wait(lambda: events_of(_events(server, actor, agent), "agent.checkpointed"), "a checkpoint")
         cp = server.django(
             "from sessions.models import Checkpoint\n"
             f"c = Checkpoint.objects.get(agent_id={agent!r})\n"
@@ -43,15 +43,15 @@ def test_the_sweep_removes_an_expired_checkpoint_by_itself():
         server.django(  # what the admin's "Expire now" does
             "from django.utils import timezone\nfrom sessions.models import Checkpoint\n"
             f"Checkpoint.objects.filter(pk={cp['id']}).update(expires_at=timezone.now())\nresult = 1\n")
-        _wait(lambda: _of(_events(server, actor, agent), "agent.checkpoint_expired"), "the sweep")
-        fact = _of(_events(server, actor, agent), "agent.checkpoint_expired")[0]["data"]
+        _wait(lambda: events_of(_events(server, actor, agent), "agent.checkpoint_expired"), "the sweep")
+        fact = events_of(_events(server, actor, agent), "agent.checkpoint_expired")[0]["data"]
         assert fact == {"checkpoint": cp["id"], "turn": 1, "reason": "expired"}
         assert not Path(cp["path"]).exists()
         listed = httpx.get(f"{server.url}/api/agents/{agent}/checkpoints", headers=actor.auth).json()
         assert [c["state"] for c in listed["checkpoints"]] == ["deleted"]
     finally:
         server.stop()
-        _cleanup_sandboxes(server, "local")
+        cleanup_sandboxes(server, "local")
         server.__exit__(None, None, None)
 
 
@@ -75,6 +75,6 @@ def test_the_worker_takes_scheduled_backups_keeping_the_newest(tmp_path):
         assert verified.returncode == 0
     finally:
         server.stop()
-        _cleanup_sandboxes(server, "local")
+        cleanup_sandboxes(server, "local")
         server.__exit__(None, None, None)
 

@@ -22,11 +22,11 @@ from tests.integration.worlds import (  # noqa: F401  (shared with other suites)
     LABEL,
     WAIT,
     World,
-    _cleanup_sandboxes,
-    _count,
-    _ensure_docker,
-    _of,
-    _server,
+    cleanup_sandboxes,
+    count_of,
+    ensure_docker,
+    events_of,
+    start_server,
     assert_sound,
 )
 
@@ -43,8 +43,8 @@ def test_a_demo_turn_end_to_end(world):
                    "turn.finished"):
         assert needed in types, f"{needed} missing from {types}"
     assert types.index("turn.started") < types.index("message.user") < types.index("turn.finished")
-    dispatched = {e["data"]["tool_call_id"]: e for e in _of(events, "tool.dispatched")}
-    results = {e["data"]["tool_call_id"]: e for e in _of(events, "tool.result")}
+    dispatched = {e["data"]["tool_call_id"]: e for e in events_of(events, "tool.dispatched")}
+    results = {e["data"]["tool_call_id"]: e for e in events_of(events, "tool.result")}
     assert dispatched.keys() == results.keys() and len(dispatched) == 2
     cat = next(r for r in results.values() if r["data"]["name"] == "bash")
     assert "hello" in cat["data"]["output"] and cat["data"]["exit_code"] == 0
@@ -53,9 +53,9 @@ def test_a_demo_turn_end_to_end(world):
     # A second prompt continues the same agent (same sandbox, next turn).
     world.send(agent, "prompt", "run: cat notes.txt")
     events = world.wait_turns(agent, 2)
-    finished = _of(events, "turn.finished")
+    finished = events_of(events, "turn.finished")
     assert [f["data"]["turn"] for f in finished] == [1, 2]
-    assert _count(events, "agent.sandbox") == 1
+    assert count_of(events, "agent.sandbox") == 1
     assert_sound(events)
     detail = world.get(f"/api/agents/{agent}")
     assert detail["status"] == "idle" and detail["sandbox_id"]
@@ -64,28 +64,28 @@ def test_a_demo_turn_end_to_end(world):
 def test_a_spawn_directive_makes_a_child_that_runs(world):
     parent = world.spawn(DEMO, "spawn: say: hi from the child")
     events = world.wait_turns(parent, 1)
-    spawned = _of(events, "agent.child_spawned")
+    spawned = events_of(events, "agent.child_spawned")
     assert len(spawned) == 1
     child = spawned[0]["data"]["child"]
-    result = next(e for e in _of(events, "tool.result") if e["data"]["name"] == "spawn")
+    result = next(e for e in events_of(events, "tool.result") if e["data"]["name"] == "spawn")
     assert child in result["data"]["output"] and not result["data"]["is_error"]
     listed = {a["id"]: a for a in world.get("/api/agents?limit=200")["agents"]}
     assert listed[child]["parent"] == parent
     assert child in listed[parent]["children"]
     child_events = world.wait_turns(child, 1)
-    assert _of(child_events, "agent.spawned")[0]["data"]["parent"] == parent
-    assert "hi from the child" in _of(child_events, "turn.finished")[0]["data"]["text"]
+    assert events_of(child_events, "agent.spawned")[0]["data"]["parent"] == parent
+    assert "hi from the child" in events_of(child_events, "turn.finished")[0]["data"]["text"]
     assert_sound(child_events)
 
 
 def test_a_steer_mid_turn_is_delivered(world):
     agent = world.spawn(DEMO, "sleep: 3")
-    world.wait_for(agent, lambda evs: _count(evs, "tool.dispatched") >= 1, "the sleep step")
+    world.wait_for(agent, lambda evs: count_of(evs, "tool.dispatched") >= 1, "the sleep step")
     world.send(agent, "steer", "say: steered")
     events = world.wait_turns(agent, 1)
-    delivered = _of(events, "steer.delivered")
+    delivered = events_of(events, "steer.delivered")
     assert len(delivered) == 1 and delivered[0]["data"]["text"] == "say: steered"
-    assert _of(events, "steer.delivered")[0]["seq"] < _of(events, "turn.finished")[0]["seq"]
+    assert events_of(events, "steer.delivered")[0]["seq"] < events_of(events, "turn.finished")[0]["seq"]
     assert_sound(events)
 
 
@@ -93,8 +93,8 @@ def test_a_steer_with_no_running_turn_fails_visibly(world):
     agent = world.spawn(DEMO, "say: done")
     world.wait_turns(agent, 1)
     command = world.send(agent, "steer", "too late")["command"]
-    events = world.wait_for(agent, lambda evs: _count(evs, "command.failed") >= 1, "command.failed")
-    failed = _of(events, "command.failed")[0]["data"]
+    events = world.wait_for(agent, lambda evs: count_of(evs, "command.failed") >= 1, "command.failed")
+    failed = events_of(events, "command.failed")[0]["data"]
     assert failed["command"] == command and failed["code"] == "no_turn"
 
 
@@ -102,16 +102,16 @@ def test_turn_checkpoints_are_taken_and_rotate_to_three(world):
     agent = world.spawn({"model": "demo", "checkpoint": True}, "write a.txt: one")
     world.wait_turns(agent, 1)
     world.send(agent, "prompt", "write b.txt: two")
-    events = world.wait_for(agent, lambda evs: _count(evs, "agent.checkpointed") >= 2,
+    events = world.wait_for(agent, lambda evs: count_of(evs, "agent.checkpointed") >= 2,
                             "two checkpoints")
-    cps = _of(events, "agent.checkpointed")
+    cps = events_of(events, "agent.checkpointed")
     assert [c["data"]["turn"] for c in cps] == [1, 2]
     assert all(c["data"]["bytes"] > 0 for c in cps)
     rows = _checkpoint_rows(world, agent)
     assert {r["turn"] for r in rows} == {1, 2} and all(r["through_seq"] > 0 for r in rows)
     for n in (3, 4):
         world.send(agent, "prompt", f"write f{n}.txt: {n}")
-        world.wait_for(agent, lambda evs, n=n: _count(evs, "agent.checkpointed") >= n,
+        world.wait_for(agent, lambda evs, n=n: count_of(evs, "agent.checkpointed") >= n,
                        f"{n} checkpoints")
     folder = world.server.data_dir / "checkpoints" / agent
     files = sorted(p.name for p in folder.glob("*.tar.zst"))
@@ -119,7 +119,7 @@ def test_turn_checkpoints_are_taken_and_rotate_to_three(world):
     rows = _checkpoint_rows(world, agent)
     live = sorted(r["turn"] for r in rows if r["deleted_at"] is None)
     assert live == [2, 3, 4] and len(rows) == 4
-    assert _count(world.events(agent), "agent.checkpoint_failed") == 0
+    assert count_of(world.events(agent), "agent.checkpoint_failed") == 0
     listed = world.get(f"/api/agents/{agent}/checkpoints")["checkpoints"]
     assert [c["state"] for c in listed] == ["live", "live", "live", "deleted"]
     assert all(len(c["harness_revision"]) == 16 and len(c["profile_revision"]) == 16 for c in listed)
@@ -154,7 +154,7 @@ def test_stop_removes_the_sandbox(world):
 
 @pytest.mark.parametrize("kind", ["local", "docker"])
 def test_a_worker_crash_mid_turn_loses_and_repeats_nothing(kind):
-    server = _server(kind)
+    server = start_server(kind)
     server.start()
     try:
         actor = server.create_actor("oscar")
@@ -163,13 +163,13 @@ def test_a_worker_crash_mid_turn_loses_and_repeats_nothing(kind):
         w.wait_for(agent, lambda evs: any(e["type"] == "tool.dispatched" and
                                           e["data"]["name"] == "bash" and "sleep" in
                                           json.dumps(e["data"]["input"]) for e in evs)
-                   and _count(evs, "tool.result") >= 1, "the sleep step")
+                   and count_of(evs, "tool.result") >= 1, "the sleep step")
         server.restart(hard=True)  # kill -9 mid-turn, then start on the same data dir
         events = w.wait_turns(agent, 1)
         assert_sound(events)
-        assert _count(events, "turn.finished") == 1 and _count(events, "turn.interrupted") == 0
-        assert _count(events, "turn.started") == 1 and _count(events, "agent.sandbox") == 1
-        results = _of(events, "tool.result")
+        assert count_of(events, "turn.finished") == 1 and count_of(events, "turn.interrupted") == 0
+        assert count_of(events, "turn.started") == 1 and count_of(events, "agent.sandbox") == 1
+        results = events_of(events, "tool.result")
         assert len(results) == 3 and "after" in results[-1]["data"]["output"]
         # And it keeps working afterwards.
         w.send(agent, "prompt", "say: still here")
@@ -177,7 +177,7 @@ def test_a_worker_crash_mid_turn_loses_and_repeats_nothing(kind):
         assert_sound(events)
     finally:
         server.stop()
-        _cleanup_sandboxes(server, kind)
+        cleanup_sandboxes(server, kind)
         server.__exit__(None, None, None)
 
 
@@ -216,7 +216,7 @@ def test_setup_runs_once_for_two_agents_of_one_spec(world):
     ids = []
     for agent in (first, second):
         events = world.wait_turns(agent, 1)
-        result = next(e["data"] for e in _of(events, "tool.result") if e["data"]["name"] == "bash")
+        result = next(e["data"] for e in events_of(events, "tool.result") if e["data"]["name"] == "bash")
         assert result["exit_code"] == 0, result
         ids.append(result["output"].strip())
     assert ids[0] and ids[0] == ids[1]
@@ -227,29 +227,29 @@ def test_a_failed_checkpoint_is_reported_and_is_not_a_failed_turn(world):
     blocker = world.server.data_dir / "checkpoints" / agent
     blocker.parent.mkdir(parents=True, exist_ok=True)
     blocker.write_text("a file where the checkpoint folder should be")  # the store cannot mkdir
-    events = world.wait_for(agent, lambda evs: _of(evs, "agent.checkpoint_failed"), "checkpoint_failed")
-    failed = _of(events, "agent.checkpoint_failed")[0]["data"]
+    events = world.wait_for(agent, lambda evs: events_of(evs, "agent.checkpoint_failed"), "checkpoint_failed")
+    failed = events_of(events, "agent.checkpoint_failed")[0]["data"]
     assert failed["turn"] == 1 and failed["reason"]
-    assert _of(events, "turn.finished") and not _of(events, "agent.checkpointed")
+    assert events_of(events, "turn.finished") and not events_of(events, "agent.checkpointed")
     assert world.get(f"/api/agents/{agent}")["status"] == "idle"
     blocker.unlink()
     world.send(agent, "prompt", "say: again")
-    events = world.wait_for(agent, lambda evs: _of(evs, "agent.checkpointed"), "a checkpoint")
-    assert _of(events, "agent.checkpointed")[0]["data"]["turn"] == 2
+    events = world.wait_for(agent, lambda evs: events_of(evs, "agent.checkpointed"), "a checkpoint")
+    assert events_of(events, "agent.checkpointed")[0]["data"]["turn"] == 2
 
 
 def test_pause_holds_at_a_step_boundary_and_resume_goes_on(world):
     agent = world.spawn(DEMO, "sleep: 2")
-    world.wait_for(agent, lambda evs: _of(evs, "tool.dispatched"), "the sleep step")
+    world.wait_for(agent, lambda evs: events_of(evs, "tool.dispatched"), "the sleep step")
     world.send(agent, "pause")
-    events = world.wait_for(agent, lambda evs: _of(evs, "turn.held"), "the turn held")
-    assert not _of(events, "turn.finished")  # the step in flight finished; the turn waits
+    events = world.wait_for(agent, lambda evs: events_of(evs, "turn.held"), "the turn held")
+    assert not events_of(events, "turn.finished")  # the step in flight finished; the turn waits
     world.send(agent, "prompt", "say: after the pause")
     time.sleep(1.0)  # give a wrongly running agent the chance to go on
     events = world.events(agent)
-    assert not _of(events, "turn.finished") and world.get(f"/api/agents/{agent}")["status"] == "paused"
+    assert not events_of(events, "turn.finished") and world.get(f"/api/agents/{agent}")["status"] == "paused"
     world.send(agent, "resume")
     events = world.wait_turns(agent, 2)
-    assert _of(events, "turn.finished")[-1]["data"]["text"] == "[demo] after the pause"
+    assert events_of(events, "turn.finished")[-1]["data"]["text"] == "[demo] after the pause"
     assert world.get(f"/api/agents/{agent}")["status"] == "idle"
     assert_sound(events)

@@ -3,7 +3,7 @@ row is ever written, the listing is empty and there is nothing to fork from."""
 
 from __future__ import annotations
 
-from tests.integration.worlds import _of
+from tests.integration.worlds import events_of
 
 
 def test_zero_retention_writes_no_checkpoint(world):
@@ -16,7 +16,7 @@ def test_zero_retention_writes_no_checkpoint(world):
         events = world.wait_turns(agent, 1)
         world.send(agent, "prompt", "say: again")
         events = world.wait_turns(agent, 2)
-        assert not _of(events, "agent.checkpointed") and not _of(events, "agent.checkpoint_failed")
+        assert not events_of(events, "agent.checkpointed") and not events_of(events, "agent.checkpoint_failed")
         folder = world.server.data_dir / "checkpoints" / agent
         assert not folder.exists() or not any(folder.iterdir())
         rows = world.server.django(

@@ -18,7 +18,7 @@ import uuid
 import httpx
 import pytest
 
-from sandboxes.backends.base import docker_engine_answers
+from sandboxes.backends import docker_engine_answers
 from tests.live import LiveServer
 
 RUN_ID = uuid.uuid4().hex[:10]
@@ -35,7 +35,7 @@ def _no_docker(reason: str):
                 "to install and start an engine !!!")
 
 
-def _ensure_docker():
+def ensure_docker():
     if not docker_engine_answers():
         _no_docker("no Docker engine answers")
     from sandboxes import images
@@ -46,7 +46,7 @@ def _ensure_docker():
         _no_docker(f"the base image cannot be built ({exc})")
 
 
-def _cleanup_sandboxes(server: LiveServer, kind: str) -> None:
+def cleanup_sandboxes(server: LiveServer, kind: str) -> None:
     if kind == "docker":
         if not docker_engine_answers():
             return
@@ -66,9 +66,9 @@ def _cleanup_sandboxes(server: LiveServer, kind: str) -> None:
             backend.remove(handle.id)
 
 
-def _server(kind: str) -> LiveServer:
+def start_server(kind: str) -> LiveServer:
     if kind == "docker":
-        _ensure_docker()
+        ensure_docker()
     return LiveServer(env={"ALINEO_SANDBOX": kind, "ALINEO_SANDBOX_LABELS": LABEL})
 
 
@@ -121,7 +121,7 @@ class World:
             time.sleep(0.2)
 
     def wait_turns(self, agent_id: str, n: int, timeout: float = WAIT) -> list[dict]:
-        return self.wait_for(agent_id, lambda evs: _count(evs, "turn.finished") >= n,
+        return self.wait_for(agent_id, lambda evs: count_of(evs, "turn.finished") >= n,
                              f"{n} finished turn(s)", timeout)
 
 
@@ -141,11 +141,11 @@ def remove_sandbox(w: World, sid: str) -> None:
         LocalBackend(root=w.server.data_dir / "sandboxes").remove(sid)
 
 
-def _count(events, etype: str) -> int:
+def count_of(events, etype: str) -> int:
     return sum(1 for e in events if e["type"] == etype)
 
 
-def _of(events, etype: str) -> list[dict]:
+def events_of(events, etype: str) -> list[dict]:
     return [e for e in events if e["type"] == etype]
 
 

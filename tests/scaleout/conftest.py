@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.engines import database_env
-from tests.live import _answers, free_port, read_log, stop_process
+from tests.live import answers, free_port, read_log, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -105,7 +105,7 @@ class WebProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"web process exited with {self.proc.returncode}:\n{self.log()}")
-            if _answers(self.port):
+            if answers(self.port):
                 return self
             time.sleep(0.1)
         self.stop()

@@ -19,7 +19,7 @@ import pytest
 
 from sessions.models import AgentLease, Event
 from tests.engines import database_env
-from tests.live import _answers, free_port, stop_process
+from tests.live import answers, free_port, stop_process
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -147,7 +147,7 @@ def test_the_documented_shape_runs(tmp_path, owner, owner_token):
 
 def _wait_ready(ports, procs, tmp_path, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
-    while not all(_answers(p) for p in ports) or not all(
+    while not all(answers(p) for p in ports) or not all(
             re.search("listening on", (tmp_path / f"proc{i}.log").read_text())
             for i, (argv, _p) in enumerate(procs) if "runworker" in argv):
         dead = [argv for argv, p in procs if p.poll() is not None]

@@ -39,7 +39,7 @@ def _turns(n: int):
     return lambda events: sum(e["type"] == "turn.finished" for e in events) >= n
 
 
-def _of(events, etype):
+def events_of(events, etype):
     return [e["data"] for e in events if e["type"] == etype]
 
 
@@ -75,12 +75,12 @@ def test_a_takeover_reaches_the_engine_recorded_with_the_sandbox(tmp_path, web_s
         w1b = worker("w1b", engine.tcp_host)
         b = api.call("POST", "/api/agents", {"spec": SPEC, "prompt": "write notes.txt: kept on B"})["id"]
         agents.append(b)
-        events_b = _wait_events(api, b, lambda ev: _turns(1)(ev) and _of(ev, "agent.checkpointed"),
+        events_b = _wait_events(api, b, lambda ev: _turns(1)(ev) and events_of(ev, "agent.checkpointed"),
                                 "B's first turn and checkpoint", logs)
         w1b.kill()
         a_sandbox, b_sandbox = (api.call("GET", f"/api/agents/{x}")["sandbox_id"] for x in (a, b))
-        assert _of(api.events(a), "agent.sandbox")[0]["host"] == engine.host
-        assert _of(events_b, "agent.sandbox")[0]["host"] == engine.tcp_host
+        assert events_of(api.events(a), "agent.sandbox")[0]["host"] == engine.host
+        assert events_of(events_b, "agent.sandbox")[0]["host"] == engine.tcp_host
 
         # w2 drives the default engine; once the leases expire it takes both over.
         worker("w2", None)
@@ -90,15 +90,15 @@ def test_a_takeover_reaches_the_engine_recorded_with_the_sandbox(tmp_path, web_s
         events_b = _wait_events(api, b, _turns(2), "B's second turn under w2", logs)
 
         # A: reattached where it was — same sandbox, same engine, still running there.
-        assert [(r["rung"], r["reason"]) for r in _of(events_a, "agent.restored")] == [
+        assert [(r["rung"], r["reason"]) for r in events_of(events_a, "agent.restored")] == [
             ("reattach", "worker_takeover")]
         detail = api.call("GET", f"/api/agents/{a}")
         assert (detail["sandbox_id"], detail["sandbox_host"]) == (a_sandbox, engine.host)
         assert engine.docker("inspect", "-f", "{{.State.Running}}", a_sandbox).stdout.strip() == b"true"
-        assert "kept on A" in _of(events_a, "turn.finished")[-1]["text"]
+        assert "kept on A" in events_of(events_a, "turn.finished")[-1]["text"]
 
         # B: removed from the engine w2 cannot drive, restored on w2's own from the checkpoint.
-        restored = _of(events_b, "agent.restored")
+        restored = events_of(events_b, "agent.restored")
         assert [(r["rung"], r.get("cause")) for r in restored] == [
             ("restore", "engine_unreachable_from_worker")], restored
         detail = api.call("GET", f"/api/agents/{b}")
@@ -106,10 +106,10 @@ def test_a_takeover_reaches_the_engine_recorded_with_the_sandbox(tmp_path, web_s
         assert detail["sandbox_host"] == "unix:///var/run/docker.sock"
         gone = engine.docker("ps", "-aq", "--no-trunc", "--filter", f"id={b_sandbox}").stdout.strip()
         assert gone == b""
-        assert "kept on B" in _of(events_b, "turn.finished")[-1]["text"]
+        assert "kept on B" in events_of(events_b, "turn.finished")[-1]["text"]
         for events in (events_a, events_b):
-            assert [w["worker"] for w in _of(events, "agent.worker")][-1] == "w2"
-            assert len(_of(events, "turn.started")) == len(_of(events, "turn.finished")) == 2
+            assert [w["worker"] for w in events_of(events, "agent.worker")][-1] == "w2"
+            assert len(events_of(events, "turn.started")) == len(events_of(events, "turn.finished")) == 2
     finally:
         for w in workers:
             w.stop()

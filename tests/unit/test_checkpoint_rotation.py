@@ -12,7 +12,9 @@ import pytest
 import zstandard
 from django.utils import timezone
 
-from sandboxes import checkpoints as cp
+from sandboxes import archive as cp
+from sandboxes import safe_tar
+from sessions.worker import checkpoints as worker_checkpoints
 from sandboxes.backends.local import LocalBackend
 from sandboxes.errors import UnsafeArchive
 
@@ -84,14 +86,14 @@ def test_rotate_checkpoints_marks_rows_and_deletes_files(agent, tmp_path):
     other = _touch(tmp_path, "sb0", 1)  # another sandbox of the agent: not rotated with sb1
     Checkpoint.objects.create(agent=agent, sandbox_id="sb0", turn=1, through_seq=1,
                               path=str(other), expires_at=expires)
-    ids = cp.rotate_checkpoints(agent.id, "sb1", keep=3)
+    ids = worker_checkpoints.rotate(agent.id, "sb1", keep=3)
     gone = Checkpoint.objects.filter(pk__in=ids)
     assert sorted(gone.values_list("turn", flat=True)) == [1, 2]
     assert all(r.deleted_at is not None and not os.path.exists(r.path) for r in gone)
     live = Checkpoint.objects.filter(sandbox_id="sb1", deleted_at__isnull=True)
     assert sorted(live.values_list("turn", flat=True)) == [3, 4, 5]
     assert other.exists()
-    assert cp.rotate_checkpoints(agent.id, "sb1", keep=3) == []
+    assert worker_checkpoints.rotate(agent.id, "sb1", keep=3) == []
 
 
 @pytest.fixture
@@ -167,7 +169,7 @@ def test_validated_tar_passes_a_good_archive_through_unchanged(tmp_path, size):
     long = "deep/" + "x" * 150 + "/file.txt"  # a GNU long name / pax header group
     data = make_tar(d("w"), f("w/a.txt", b"a" * 1000), sym("w/l", "a.txt"), hard("w/h", "w/a.txt"),
                     f(long, b"long"), f("w/empty", b""))
-    out = b"".join(cp.validated_tar(_pieces(data, size)))
+    out = b"".join(safe_tar.validated_tar(_pieces(data, size)))
     names = tarfile.open(fileobj=io.BytesIO(out)).getnames()
     assert names == tarfile.open(fileobj=io.BytesIO(data)).getnames()
     assert tarfile.open(fileobj=io.BytesIO(out)).extractfile(long).read() == b"long"
@@ -181,7 +183,7 @@ def test_validated_tar_reads_every_tar_format(fmt):
             info = tarfile.TarInfo(f"dir{'y' * 60}/{'z' * 40}/f{i}")
             info.size = 5
             tf.addfile(info, io.BytesIO(b"hello"))
-    out = b"".join(cp.validated_tar([buf.getvalue()]))
+    out = b"".join(safe_tar.validated_tar([buf.getvalue()]))
     assert len(tarfile.open(fileobj=io.BytesIO(out)).getnames()) == 3
 
 
@@ -192,11 +194,11 @@ def test_validated_tar_refuses_what_check_tar_refuses_before_yielding_the_entry(
         data = build(tmp_path / f"outside-{case}")
         got = []
         with pytest.raises(UnsafeArchive):
-            for piece in cp.validated_tar(_pieces(data, 700)):
+            for piece in safe_tar.validated_tar(_pieces(data, 700)):
                 got.append(piece)
         # Whatever was yielded before the refusal checks clean on its own.
         if got:
-            cp.check_tar(b"".join(got) + bytes(1024))
+            safe_tar.check_tar(b"".join(got) + bytes(1024))
 
 
 def test_validated_tar_refuses_truncated_streams():
@@ -204,6 +206,81 @@ def test_validated_tar_refuses_truncated_streams():
 
     data = make_tar(f("a.txt", b"x" * 5000))
     with pytest.raises(UnsafeArchive):
-        list(cp.validated_tar([data[:2000]]))
+        list(safe_tar.validated_tar([data[:2000]]))
     with pytest.raises(UnsafeArchive):
-        list(cp.validated_tar([data[:512 + 5120]]))  # no end-of-archive marker
+        list(safe_tar.validated_tar([data[:512 + 5120]]))  # no end-of-archive marker
+
+
+def _extension_header(size: int, kind=tarfile.XHDTYPE, payload: bytes = b"") -> bytes:
+    info = tarfile.TarInfo("././@LongLink" if kind in (b"L", b"K") else "././@PaxHeader")
+    info.type, info.size = kind, size
+    header = info.tobuf(tarfile.GNU_FORMAT if kind in (b"L", b"K") else tarfile.USTAR_FORMAT)
+    return header + payload + bytes(-len(payload) % 512)
+
+
+def _ext(kind, payload: bytes) -> bytes:
+    return _extension_header(len(payload), kind, payload)
+
+
+def _pax(kind=tarfile.XHDTYPE, **records) -> bytes:
+    body = b""
+    for key, value in records.items():
+        record = f" {key}={value}\n".encode()
+        n = len(record) + 1
+        while len(str(n)) + len(record) != n:
+            n += 1
+        body += str(n).encode() + record
+    return _ext(kind, body)
+
+
+def _entry(name, kind=tarfile.REGTYPE, linkname="") -> bytes:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, linkname
+    info.size = 5 if kind == tarfile.REGTYPE else 0
+    return info.tobuf(tarfile.USTAR_FORMAT) + (b"hello" + bytes(507) if info.size else b"")
+
+
+# Each one names its entry differently for tarfile than for the Docker engine
+# (Go's archive/tar: a global header is ignored, of two extension headers the
+# last one counts, a GNU long name or link beats a pax record).
+AMBIGUOUS = {
+    "global-pax-header": _pax(tarfile.XGLTYPE, path="checked.txt") + _entry("written.txt"),
+    "two-pax-headers": _pax(path="checked.txt") + _pax(path="written.txt") + _entry("plain.txt"),
+    "two-long-names": _ext(b"L", b"checked.txt\0") + _ext(b"L", b"written.txt\0") + _entry("plain"),
+    "pax-path-then-long-name": _pax(path="checked.txt") + _ext(b"L", b"written.txt\0") + _entry("p"),
+    "long-name-then-pax-path": _ext(b"L", b"written.txt\0") + _pax(path="checked.txt") + _entry("p"),
+    "pax-linkpath-then-long-link": _pax(linkpath="inside") + _ext(b"K", b"/etc\0")
+    + _entry("l", tarfile.SYMTYPE, "inside"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AMBIGUOUS))
+def test_validated_tar_refuses_headers_that_other_readers_read_otherwise(case):
+    with pytest.raises(UnsafeArchive):
+        list(safe_tar.validated_tar([AMBIGUOUS[case] + bytes(1024)]))
+
+
+def test_validated_tar_passes_a_long_name_with_a_long_link_target():
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tf:
+        tf.addfile(tarfile.TarInfo("d" * 120))
+        link = tarfile.TarInfo("l" * 120)
+        link.type, link.linkname = tarfile.SYMTYPE, "d" * 120
+        tf.addfile(link)
+    out = b"".join(safe_tar.validated_tar([buf.getvalue()]))
+    assert [(m.name, m.linkname) for m in tarfile.open(fileobj=io.BytesIO(out))] == [
+        ("d" * 120, ""), ("l" * 120, "d" * 120)]
+
+
+def test_validated_tar_refuses_an_oversized_extension_header_before_reading_it():
+    def stream():
+        yield _extension_header(64 << 20)
+        raise AssertionError("read past a refused extension header")
+
+    with pytest.raises(UnsafeArchive, match="extension header of"):
+        list(safe_tar.validated_tar(stream()))
+
+
+def test_validated_tar_refuses_extension_headers_that_describe_no_entry():
+    with pytest.raises(UnsafeArchive, match="extension headers"):
+        list(safe_tar.validated_tar([_extension_header(0) + bytes(1024)]))

@@ -1,4 +1,4 @@
-"""The system checks in alineo_site.checks fire on misconfiguration and stay
+"""The system checks in sessions/checks.py fire on misconfiguration and stay
 quiet on the defaults. run_checks() also proves they are registered."""
 
 from __future__ import annotations
@@ -91,7 +91,19 @@ def test_snapshot_interval_below_one_is_an_error(every):
     ("", False), ("unix:///run/docker.sock", False), ("tcp://127.0.0.1:2375", False),
     ("tcp://10.1.2.3:2376", True), ("ssh://ops@builder", True),
 ])
-def test_a_docker_host_on_another_machine_warns(monkeypatch, docker_host, warns):
-    monkeypatch.setenv("DOCKER_HOST", docker_host)
-    with override_settings(ALINEO_SANDBOX="docker"):
+def test_a_docker_host_on_another_machine_warns(docker_host, warns):
+    with override_settings(ALINEO_SANDBOX="docker", DOCKER_HOST=docker_host):
         assert ("alineo.W005" in alineo_ids()) is warns
+
+
+@pytest.mark.parametrize("name, flagged", [
+    ("ALINEO_SANBOX", True), ("ALINEO_LEASE", True), ("ALINEO_IDLE_UNLOAD", True),
+    ("ALINEO_SANDBOX", False), ("ALINEO_URL", False), ("ALINEO_TEST_PASS", False),
+    ("ALINEO_SOMETHING_ELSE_ENTIRELY", False),
+])
+def test_a_misspelt_setting_is_an_error_naming_the_setting(monkeypatch, name, flagged):
+    monkeypatch.setenv(name, "1")
+    found = [m for m in run_checks() if m.id == "alineo.E005"]
+    assert bool(found) is flagged
+    if flagged:
+        assert name in found[0].msg and "did you mean ALINEO_" in found[0].msg

@@ -170,7 +170,7 @@ def test_one_bad_request_does_not_fail_its_batch(agent, workspace):
         ]
         for t in threads:
             t.start()
-        while len(journal._committer._queue) < 3:
+        while len(journal.committer._queue) < 3:
             threading.Event().wait(0.005)
         gate.set()
         for t in [first, *threads]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from sandboxes.bridge import conversation
-from sandboxes.settling import dangling, seed_conversation, settle_facts
+from sessions.worker.settling import dangling, seed_conversation, settle_facts
 
 
 def ev(etype: str, **data) -> dict:

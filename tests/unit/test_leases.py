@@ -13,6 +13,7 @@ import pytest
 from django.utils import timezone
 
 from sessions import journal, leases
+from sessions.worker import claims
 from sessions.models import AgentLease, Event
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -42,30 +43,30 @@ def _worker_facts(agent):
 
 def test_a_free_agent_is_leased_at_epoch_1_and_the_transcript_says_by_whom(agent, as_worker):
     as_worker("host-a:1:1")
-    held = leases.acquire(agent.id)
-    assert held == leases.Held(agent.id, 1)
+    held = claims.claim_one(agent.id)
+    assert held == leases.Held(agent.id, 1, taken=True)
     assert _worker_facts(agent) == [{"worker": "host-a:1:1", "epoch": 1, "previous": None}]
     # Its holder acquiring again keeps the epoch and journals nothing more.
-    assert leases.acquire(agent.id).epoch == 1
+    assert claims.claim_one(agent.id).epoch == 1
     assert len(_worker_facts(agent)) == 1
 
 
 def test_a_live_lease_is_not_taken_by_another_worker(agent, as_worker):
     as_worker("host-a:1:1")
-    leases.acquire(agent.id)
+    claims.claim_one(agent.id)
     as_worker("host-b:2:2")
-    assert leases.acquire(agent.id) is None
+    assert claims.claim_one(agent.id) is None
     assert leases.free_for_me([agent.id]) == []
     assert AgentLease.objects.get(pk=agent.id).holder == "host-a:1:1"
 
 
 def test_an_expired_lease_is_taken_over_with_a_new_epoch(agent, as_worker):
     as_worker("host-a:1:1")
-    leases.acquire(agent.id)
+    claims.claim_one(agent.id)
     AgentLease.objects.filter(pk=agent.id).update(expires_at=timezone.now() - timedelta(seconds=1))
     as_worker("host-b:2:2")
     assert leases.free_for_me([agent.id]) == [agent.id]
-    held = leases.acquire(agent.id)
+    held = claims.claim_one(agent.id)
     assert (held.epoch, held.previous, held.expired) == (2, "host-a:1:1", True)
     assert _worker_facts(agent)[-1] == {"worker": "host-b:2:2", "epoch": 2, "previous": "host-a:1:1"}
 
@@ -75,10 +76,10 @@ def test_a_dead_worker_on_this_machine_loses_its_lease_at_once(agent, as_worker)
                            capture_output=True, text=True, check=True)
     dead = f"{leases._machine()}:{int(child.stdout)}:12345"
     as_worker(dead)
-    leases.acquire(agent.id)  # an unexpired lease, held by a process that is gone
+    claims.claim_one(agent.id)  # an unexpired lease, held by a process that is gone
     assert leases.holder_is_dead(dead)
     as_worker("host-b:2:2")
-    held = leases.acquire(agent.id)
+    held = claims.claim_one(agent.id)
     assert (held.epoch, held.previous, held.expired) == (2, dead, False)
 
 
@@ -93,8 +94,8 @@ def test_renew_keeps_only_the_leases_still_held(agent, workspace, owner, as_work
 
     other = Agent.objects.create(workspace=workspace, created_by=owner, spec={"model": "demo"})
     as_worker("host-a:1:1")
-    leases.acquire(agent.id)
-    leases.acquire(other.id)
+    claims.claim_one(agent.id)
+    claims.claim_one(other.id)
     AgentLease.objects.filter(pk=other.id).update(holder="host-b:2:2", epoch=2)
     before = AgentLease.objects.get(pk=agent.id).expires_at
     assert leases.renew([agent.id, other.id]) == {agent.id}
@@ -103,15 +104,15 @@ def test_renew_keeps_only_the_leases_still_held(agent, workspace, owner, as_work
 
 def test_release_lets_another_worker_take_the_agent_at_once(agent, as_worker):
     as_worker("host-a:1:1")
-    leases.acquire(agent.id)
+    claims.claim_one(agent.id)
     leases.release(agent.id)
     as_worker("host-b:2:2")
-    assert leases.acquire(agent.id).epoch == 2
+    assert claims.claim_one(agent.id).epoch == 2
 
 
 def test_a_driver_that_lost_its_lease_cannot_journal(agent, as_worker):
     as_worker("host-a:1:1")
-    held = leases.acquire(agent.id)
+    held = claims.claim_one(agent.id)
     leases.bind(held)
     journal.append(agent.id, "message.user", {"text": "while held"})
     head = journal.head(agent.id)
@@ -135,7 +136,7 @@ def test_the_fence_follows_a_driver_task_into_its_database_threads(agent, as_wor
     from channels.db import database_sync_to_async
 
     as_worker("host-a:1:1")
-    held = leases.acquire(agent.id)
+    held = claims.claim_one(agent.id)
 
     async def driver_task():
         leases.bind(held)

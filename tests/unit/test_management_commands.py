@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 
-from sessions.api.auth import user_from_bearer
+from sessions.access import user_from_bearer
 from sessions.models import Workspace
 
 
@@ -25,8 +25,8 @@ def fast_hasher(settings):
 
 
 @pytest.fixture
-def no_admin_password(monkeypatch):
-    monkeypatch.delenv("ALINEO_ADMIN_PASSWORD", raising=False)
+def no_admin_password(settings):
+    settings.ALINEO_ADMIN_PASSWORD = ""
 
 
 # --- ensure_admin -----------------------------------------------------------
@@ -49,19 +49,19 @@ def test_ensure_admin_prints_a_generated_password_once(db, no_admin_password):
     assert get_user_model().objects.filter(username="admin").count() == 1
 
 
-def test_ensure_admin_takes_the_password_from_the_environment(db, monkeypatch):
-    monkeypatch.setenv("ALINEO_ADMIN_PASSWORD", "correct-horse-battery")
+def test_ensure_admin_takes_the_password_from_the_environment(db, settings):
+    settings.ALINEO_ADMIN_PASSWORD = "correct-horse-battery"
     out, _ = run("ensure_admin")
     assert "correct-horse-battery" not in out
     assert get_user_model().objects.get(username="admin").check_password("correct-horse-battery")
 
 
-def test_ensure_admin_never_overwrites_an_existing_password(db, monkeypatch, no_admin_password):
+def test_ensure_admin_never_overwrites_an_existing_password(db, settings, no_admin_password):
     run("ensure_admin")
     admin = get_user_model().objects.get(username="admin")
     admin.set_password("changed-by-hand-1")
     admin.save()
-    monkeypatch.setenv("ALINEO_ADMIN_PASSWORD", "something-else-2")
+    settings.ALINEO_ADMIN_PASSWORD = "something-else-2"
     _, err = run("ensure_admin")
     assert "ignored" in err
     admin.refresh_from_db()

@@ -5,7 +5,7 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from sandboxes.retention import sweep
+from sessions.worker.retention import sweep
 from sessions import journal
 from sessions.models import Checkpoint
 

@@ -10,19 +10,20 @@ from types import SimpleNamespace
 
 import pytest
 
-from sandboxes import ladder
-from sandboxes.backends import base
+from sandboxes import backends as base
 from sandboxes.backends.docker import DockerBackend
 from sandboxes.errors import BackendUnavailable, SandboxNotFound
 from sessions import journal
 from sessions.models import Agent
+from sessions.worker import ladder
+from sessions.worker.context import LadderError
 
 
 @pytest.fixture(autouse=True)
 def _fresh_backend_caches():
-    base.get_backend.cache_clear()
+    base.reset()
     yield
-    base.get_backend.cache_clear()
+    base.reset()
 
 
 def test_engines_on_this_machine_have_reachable_bridges():
@@ -53,10 +54,10 @@ def test_a_docker_worker_reaches_a_local_sandbox_of_this_machine(settings):
     assert isinstance(base.backend_for(f"local:{socket.gethostname()}"), LocalBackend)
 
 
-def test_docker_host_names_the_engine(monkeypatch):
-    monkeypatch.setenv("DOCKER_HOST", "unix:///run/other-docker.sock")
+def test_docker_host_names_the_engine(settings):
+    settings.DOCKER_HOST = "unix:///run/other-docker.sock"
     assert DockerBackend().host == "unix:///run/other-docker.sock"
-    monkeypatch.delenv("DOCKER_HOST")
+    settings.DOCKER_HOST = ""
     assert DockerBackend().host == "unix:///var/run/docker.sock"
 
 
@@ -82,9 +83,9 @@ class _Engine:
         self.removed.append(sid)
 
 
-def _driver(engine):
-    info = SimpleNamespace(id="ag_x", sandbox_id="c-old", sandbox_host=engine.host)
-    return SimpleNamespace(info=info, backend=engine)
+def _info(engine):
+    return SimpleNamespace(id="ag_x", sandbox_id="c-old", sandbox_host=engine.host,
+                           cursor=0, session="")
 
 
 @pytest.mark.parametrize("fail", [None, SandboxNotFound("already gone")])
@@ -92,14 +93,13 @@ def test_a_sandbox_on_another_machine_is_removed_there_before_the_restore_here(
         monkeypatch, settings, fail):
     settings.ALINEO_SANDBOX = "local"
     remote = _Engine("tcp://127.0.0.1:2399", fail)
-    driver = _driver(remote)
     seen = []
 
-    async def fresh(d, why):
-        seen.append((list(remote.removed), d.backend, why))
+    async def fresh(info, backend, link, why):
+        seen.append((list(remote.removed), backend, why))
 
     monkeypatch.setattr(ladder, "_fresh", fresh)
-    asyncio.run(ladder.recover(driver))
+    asyncio.run(ladder.recover(_info(remote), remote, link=None))
     assert seen == [([] if fail else ["c-old"], base.get_backend(), "engine_unreachable_from_worker")]
 
 
@@ -108,10 +108,10 @@ def test_an_engine_that_does_not_answer_is_never_restored_beside(monkeypatch, se
     remote = _Engine("tcp://127.0.0.1:2399", BackendUnavailable("no answer"))
     called = []
 
-    async def fresh(d, why):
+    async def fresh(info, backend, link, why):
         called.append(why)
 
     monkeypatch.setattr(ladder, "_fresh", fresh)
-    with pytest.raises(ladder.LadderError):
-        asyncio.run(ladder.recover(_driver(remote)))
+    with pytest.raises(LadderError):
+        asyncio.run(ladder.recover(_info(remote), remote, link=None))
     assert called == []  # it may still be running there: try again later

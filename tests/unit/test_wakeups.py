@@ -215,7 +215,7 @@ async def test_an_append_in_this_process_wakes_an_open_stream_and_disconnect_cle
     from channels.db import database_sync_to_async
 
     from sessions import journal
-    from sessions.stream import TranscriptStream
+    from sessions.api.stream import TranscriptStream
 
     # No watcher: only the journal's notify() can deliver the live fact.
     monkeypatch.setattr(wakeups, "watcher_enabled", lambda: False)

@@ -7,9 +7,9 @@ could print it again, and none tries.
 
 from __future__ import annotations
 
-import os
 import secrets
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
@@ -35,7 +35,7 @@ class Command(BaseCommand):
             )
         elif created:
             self.stdout.write(f"Created superuser '{ADMIN_USERNAME}' with the password from {PASSWORD_ENV}.")
-        elif os.environ.get(PASSWORD_ENV) and not user.check_password(os.environ[PASSWORD_ENV]):
+        elif settings.ALINEO_ADMIN_PASSWORD and not user.check_password(settings.ALINEO_ADMIN_PASSWORD):
             # Never overwrite a password someone may have changed since.
             self.stderr.write(
                 f"'{ADMIN_USERNAME}' already exists: {PASSWORD_ENV} is ignored "
@@ -50,7 +50,7 @@ def ensure_admin_user():
     user = User.objects.filter(username=ADMIN_USERNAME).first()
     if user is not None:
         return user, None, False
-    chosen = os.environ.get(PASSWORD_ENV) or None
+    chosen = settings.ALINEO_ADMIN_PASSWORD or None
     password = chosen or secrets.token_urlsafe(12)
     user = User.objects.create_superuser(ADMIN_USERNAME, email="", password=password)
     return user, (None if chosen else password), True

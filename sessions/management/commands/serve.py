@@ -19,17 +19,26 @@ import daphne.server  # isort:skip  # noqa: F401
 
 import asyncio
 import logging
-import os
 
+from channels.layers import get_channel_layer
+from channels.routing import get_default_application
+from channels.worker import Worker
+from daphne.endpoints import build_endpoint_description_strings
 from django.conf import settings
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.management.base import BaseCommand, CommandError
+from twisted.internet import reactor  # daphne.server installed the asyncio reactor above
+
+from daphne.server import twisted_loop
+
+from sessions import wakeups
+from sessions.worker import supervisor
 
 log = logging.getLogger(__name__)
 
 
 def default_port() -> int:
-    value = os.environ.get("PORT", "").strip()
-    return int(value) if value.isdigit() else 8000
+    return settings.PORT
 
 
 class Command(BaseCommand):
@@ -63,12 +72,7 @@ def run(host: str, port: int, stdout, role: str = "all") -> None:
     worker too unless role is "web"."""
     if role not in ROLES:
         raise CommandError(f"--role {role!r}: choose one of {', '.join(ROLES)}.")
-    from daphne.endpoints import build_endpoint_description_strings
-    from daphne.server import twisted_loop
-    from twisted.internet import reactor
-
-    from alineo_site.asgi import application
-
+    application = get_default_application()
     tasks: list[asyncio.Task | None] = []
     # Twisted may fire "when running" callbacks before the asyncio loop itself
     # runs; call_soon defers ours until it does, so they see a running loop.
@@ -127,8 +131,6 @@ def _announce(stdout, host: str, port: int, role: str = "all") -> None:
 
 def _with_static(application):
     """Serve STATIC_URL from the finders (app dirs + STATICFILES_DIRS), no collectstatic."""
-    from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
-
     return ASGIStaticFilesHandler(application)
 
 
@@ -143,19 +145,12 @@ def _start_background(loop: asyncio.AbstractEventLoop, application, tasks: list,
         else:
             _start_worker_and_watcher(loop, application, tasks)
     except Exception:
-        from twisted.internet import reactor
-
         log.exception("could not start the worker; stopping")
         tasks.append(None)  # tells run() that start-up failed
         reactor.stop()
 
 
 def _start_worker_and_watcher(loop: asyncio.AbstractEventLoop, application, tasks: list) -> None:
-    from channels.layers import get_channel_layer
-    from channels.worker import Worker
-
-    from sessions import wakeups
-
     wakeups.bind_loop(loop)
     worker = Worker(
         application=application,
@@ -165,24 +160,18 @@ def _start_worker_and_watcher(loop: asyncio.AbstractEventLoop, application, task
     tasks.append(_supervised(loop, worker.arun(), "worker"))
     log.info("worker listening on channel %s", settings.ALINEO_WORKER_CHANNEL)
     # The supervisor drives agents: reattaches to running sandboxes at boot and
-    # acts on pending commands (sandboxes.supervisor).
-    from sandboxes import supervisor
-
+    # acts on pending commands (sessions/worker/supervisor.py).
     tasks.append(supervisor.start(loop))
     _start_wakeups(loop, tasks)
 
 
 def _start_wakeups(loop: asyncio.AbstractEventLoop, tasks: list) -> None:
-    from sessions import wakeups
-
     wakeups.bind_loop(loop)
     # The data_version watcher wakes streams when another process commits
     # (embedded SQLite default only; on Redis, wake-ups cross processes).
-    # Guarded: it lands in sessions.wakeups separately from this command.
-    if hasattr(wakeups, "start_data_version_watcher"):
-        started = wakeups.start_data_version_watcher(loop)
-        if isinstance(started, asyncio.Future):
-            tasks.append(started)
+    started = wakeups.start_data_version_watcher(loop)
+    if started is not None:
+        tasks.append(started)
 
 
 def _supervised(loop, coro, name: str) -> asyncio.Task:

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from sandboxes.retention import sweep
+from sessions.worker.retention import sweep
 
 
 class Command(BaseCommand):

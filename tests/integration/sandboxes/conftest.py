@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from sandboxes.backends.base import docker_engine_answers
+from sandboxes.backends import docker_engine_answers
 
 RUN_ID = uuid.uuid4().hex[:10]
 TEST_LABELS = {"alineo.test": RUN_ID}

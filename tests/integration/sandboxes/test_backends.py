@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from sandboxes.backends.base import SandboxStatus, get_backend
-from sandboxes.checkpoints import pack_home, unpack_home
+from sandboxes.backends.base import SandboxStatus
+from sandboxes.backends import docker_engine_answers, get_backend, reset
+from sandboxes.archive import pack_home, unpack_home
 from sandboxes.errors import (
     ExecTimeout,
     ImageMissing,
@@ -242,7 +243,7 @@ def test_local_process_outlives_its_parent_group(local_sandboxes):
 
 # --- the factory ------------------------------------------------------------------------------
 def test_get_backend_honours_the_setting(settings):
-    get_backend.cache_clear()
+    reset()
     try:
         settings.ALINEO_SANDBOX = "local"
         local = get_backend()
@@ -251,14 +252,12 @@ def test_get_backend_honours_the_setting(settings):
         settings.ALINEO_SANDBOX = "docker"
         assert get_backend().name == "docker"
         settings.ALINEO_SANDBOX = "auto"
-        from sandboxes.backends.base import docker_engine_answers
-
         assert get_backend().name == ("docker" if docker_engine_answers() else "local")
         settings.ALINEO_SANDBOX = "kubernetes"
         with pytest.raises(SandboxError, match="ALINEO_SANDBOX"):
             get_backend()
     finally:
-        get_backend.cache_clear()
+        reset()
 
 
 def test_local_sandbox_outlives_the_process_that_started_it(local_sandboxes):

@@ -60,12 +60,11 @@ def test_mirrors_from_deb822_sources_skip_disabled(tmp_path, monkeypatch):
     ]
 
 
-def test_mirror_override_and_missing_mirror(tmp_path, monkeypatch):
-    monkeypatch.delenv("ALINEO_DEBIAN_SECURITY_MIRROR", raising=False)
-    monkeypatch.delenv("ALINEO_DEBIAN_MIRROR", raising=False)
+def test_mirror_override_and_missing_mirror(tmp_path, settings):
+    settings.ALINEO_DEBIAN_SECURITY_MIRROR = settings.ALINEO_DEBIAN_MIRROR = ""
     with pytest.raises(SandboxError, match="ALINEO_DEBIAN_MIRROR"):
         images.debian_mirrors("bookworm", [])
-    monkeypatch.setenv("ALINEO_DEBIAN_MIRROR", "http://forced.example/debian/")
+    settings.ALINEO_DEBIAN_MIRROR = "http://forced.example/debian/"
     assert images.debian_mirrors("bookworm", [])[0] == \
         "deb http://forced.example/debian bookworm bookworm-updates main"
 

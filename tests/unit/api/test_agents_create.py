@@ -210,7 +210,7 @@ def test_bearer_post_needs_no_csrf_token(owner_token):
 
 def test_the_worker_is_woken_after_commit(api, django_capture_on_commit_callbacks):
     with (
-        mock.patch.object(commands, "wake_worker") as wake,
+        mock.patch("sessions.commands.base.wake_worker") as wake,
         django_capture_on_commit_callbacks(execute=True),
     ):
         body = api.post("/api/agents", {"prompt": "hi"}).json()

@@ -137,7 +137,7 @@ def waiting(held_agent):
 
 def test_approve_journals_the_fact_and_wakes_the_worker(api, owner, waiting,
                                                         django_capture_on_commit_callbacks):
-    with mock.patch.object(commands, "wake_worker") as wake, \
+    with mock.patch("sessions.commands.approve.wake_worker") as wake, \
             django_capture_on_commit_callbacks(execute=True):
         r = api.post(f"/api/agents/{waiting}/approve")
     assert r.status_code == 202, r.content

@@ -121,7 +121,7 @@ def test_a_concurrent_duplicate_gets_the_stored_response(api, spawned):
     second one's row, its whole transaction rolls back, and it answers with the first's response."""
     first = api.post(f"/api/agents/{spawned}/prompt", {"text": "a"}, key="race")
     before = counts()
-    real = commands._stored
+    real = commands.base.stored_outcome
     calls = []
 
     def racing(*args):
@@ -130,7 +130,7 @@ def test_a_concurrent_duplicate_gets_the_stored_response(api, spawned):
             None if len(calls) == 1 else real(*args)
         )  # the first lookup ran "before" the other commit
 
-    with mock.patch.object(commands, "_stored", side_effect=racing):
+    with mock.patch.object(commands.base, "stored_outcome", side_effect=racing):
         again = api.post(f"/api/agents/{spawned}/prompt", {"text": "a"}, key="race")
     assert (again.status_code, again.json()) == (202, first.json())
     assert counts() == before and len(calls) == 2

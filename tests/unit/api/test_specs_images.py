@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from sandboxes.backends.docker import DockerBackend
+from sandboxes.backends.local import LocalBackend
 from sandboxes.errors import BackendUnavailable, ImageMissing
 from sessions import specs
 from sessions.models import Agent, Command, Event
@@ -18,6 +20,8 @@ class FakeBackend:
 
     def __init__(self, name="docker", images=(), error=None):
         self.name, self.images, self.error, self.asked = name, set(images), error, []
+        real = {"docker": DockerBackend, "local": LocalBackend}[name]
+        self.installs_packages, self.image_hint = real.installs_packages, real.image_hint
 
     def image_exists(self, image):
         self.asked.append(image)
@@ -67,7 +71,6 @@ def test_an_engine_that_does_not_answer_is_not_the_specs_fault():
 
 
 def test_check_available_with_the_real_local_backend(tmp_path):
-    from sandboxes.backends.local import LocalBackend
 
     backend = LocalBackend(root=tmp_path)
     sid = backend.create("a1", "host")
@@ -142,7 +145,7 @@ def test_post_accepts_a_provider_model_with_its_binding(api, workspace):
 def test_post_refuses_a_missing_image_when_spawn_checks_availability(api, monkeypatch):
     """POST /api/agents runs validate_for_spawn (sessions.commands): a missing
     image is a 400 naming `image`."""
-    monkeypatch.setattr("sandboxes.backends.base.get_backend", lambda name=None: FakeBackend())
+    monkeypatch.setattr("sessions.specs.get_backend", lambda name=None: FakeBackend())
     body = assert_error(api.post("/api/agents", {"spec": {"image": "nope:1"}}), 400, "spec.invalid")
     assert body["field"] == "image"
     assert _nothing_written()

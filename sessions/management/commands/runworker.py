@@ -1,11 +1,11 @@
 """`manage.py runworker`: a worker process of the scale-out shape.
 
-It drives agents (sandboxes.supervisor, starting at boot: agents whose
+It drives agents (sessions.worker.supervisor, starting at boot: agents whose
 leases are free or expired are taken over through the ladder) and listens on
 ``settings.ALINEO_WORKER_CHANNEL`` for wake-ups — no HTTP. Run several of them
 beside web processes (`manage.py serve --role web`), all with the same
 ``DATABASE_URL`` and ``REDIS_URL``; each agent is driven by exactly one
-worker at a time through its lease (sessions.leases). See docs/DEPLOYMENT.md.
+worker at a time through its lease (sessions/leases.py). See docs/DEPLOYMENT.md.
 
 This replaces channels' own `runworker` (it comes first in INSTALLED_APPS):
 with no channel named it listens on Alineo's; other channels may be named
@@ -18,8 +18,14 @@ import asyncio
 import logging
 import signal
 
+from channels.layers import get_channel_layer
+from channels.routing import get_default_application
+from channels.worker import Worker
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+
+from sessions import leases, wakeups
+from sessions.worker import supervisor
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +38,6 @@ class Command(BaseCommand):
                             help=f"Channels to listen on (default {settings.ALINEO_WORKER_CHANNEL}).")
 
     def handle(self, *args, **options):
-        from channels.layers import get_channel_layer
-
-        from sessions import leases
-
         layer = get_channel_layer()
         if layer is None:
             raise CommandError("No CHANNEL_LAYERS configured.")
@@ -49,12 +51,6 @@ class Command(BaseCommand):
 
 
 async def _serve(layer, channels: list[str]) -> None:
-    from channels.routing import get_default_application
-    from channels.worker import Worker
-
-    from sandboxes import supervisor
-    from sessions import wakeups
-
     loop = asyncio.get_running_loop()
     wakeups.bind_loop(loop)
     stop = asyncio.Event()

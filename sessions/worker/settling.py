@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+from sessions.models import Event
+
 # A turn is over once one of these is journaled.
 SETTLED = ("turn.finished", "turn.interrupted")
 
@@ -124,9 +126,8 @@ _TRANSCRIPT_TYPES = ("turn.started", "turn.finished", "turn.interrupted", "messa
                      "tool.result")
 
 
-def _conversation_events(agent_id: str, through: int | None = None) -> list[dict]:
-    from sessions.models import Event
-
+def conversation_events(agent_id: str, through: int | None = None) -> list[dict]:
+    """The conversation's facts of an agent's transcript (through ``through``), in seq order."""
     rows = Event.objects.filter(agent_id=agent_id, type__in=_TRANSCRIPT_TYPES)
     if through is not None:
         rows = rows.filter(seq__lte=through)

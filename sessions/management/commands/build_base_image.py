@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from sandboxes import images
 from sandboxes.errors import SandboxError
 
 
@@ -19,8 +20,6 @@ class Command(BaseCommand):
                             help="print the tag the inputs give, build nothing")
 
     def handle(self, *args, force=False, print_tag=False, **options):
-        from sandboxes import images
-
         try:
             if print_tag:
                 self.stdout.write(images.base_image_tag())

@@ -16,10 +16,10 @@ from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from sandboxes import config
 from sessions import journal
 from sessions.models import Checkpoint, RetentionSweep, Workspace
 
@@ -73,7 +73,7 @@ def _delete_file(path: str) -> None:
     """Delete a checkpoint file, but only inside the data dir's checkpoints."""
     if not path:
         return
-    root = (Path(settings.DATA_DIR) / "checkpoints").resolve()
+    root = config.data_dir().checkpoints.resolve()
     target = Path(path).resolve()
     if root in target.parents:
         target.unlink(missing_ok=True)

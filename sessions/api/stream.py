@@ -25,9 +25,10 @@ from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
 from django.db import DatabaseError
 
-from . import journal, wakeups
-from .api.auth import user_from_bearer, visible_agent
-from .api.errors import ApiError, not_found
+from sessions import journal, wakeups
+from sessions.access import user_from_bearer, visible_agent
+
+from .errors import ApiError, not_found
 
 log = logging.getLogger(__name__)
 

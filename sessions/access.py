@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.contrib.auth.models import AnonymousUser
 
-from ..models import Agent, ApiToken, Workspace
+from .models import Agent, ApiToken, Workspace
 
 
 def user_from_bearer(header: str | None):

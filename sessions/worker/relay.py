@@ -12,75 +12,75 @@ committed (cursor moved, nothing is re-journaled) or it did not (nothing was).
 After a page is committed the relay answers what it asked for:
 ``request.spawn`` (a child agent, through sessions.commands.spawn_child with an
 Idempotency-Key derived from the bridge session and request id),
-``request.memory`` (sessions.memory) and, after ``turn.finished``, a turn
-checkpoint when the spec asks for one (sandboxes.driver.take_checkpoint).
+``request.memory`` (sessions.memory) and, after ``turn.finished``, calls
+``after_turn(turn, seq)`` (the driver's turn checkpoint).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Awaitable, Callable
 
 from channels.db import database_sync_to_async
 from django.db import transaction
 
-from sandboxes.bridge_client import BridgeClient, BridgeError, BridgeRequestError
+from sandboxes.bridge.protocol import BridgeEvent
+from sandboxes.bridge_client import BridgeError, BridgeRequestError
+from sessions import commands, credentials, journal, memory
+from sessions.models import Agent
 
-if TYPE_CHECKING:  # pragma: no cover
-    from sandboxes.driver import AgentDriver
+from . import store
+from .context import CursorMoved, Refused
+from .link import BridgeLink
 
 log = logging.getLogger(__name__)
 
 POLL_WAIT_S = 20
 PAGE_LIMIT = 200
-
-
-class CursorMoved(Exception):
-    """The durable cursor is not where this relay left it: another driver
-    journaled these events. This relay must stop."""
+#: What the bridge asks the control plane for (answered with `reply`).
+REQUESTS = ("request.spawn", "request.memory")
 
 
 class Relay:
-    def __init__(self, driver: AgentDriver, client: BridgeClient, cursor: int, session: str):
-        self.driver = driver
-        self.agent_id = driver.agent_id
-        self.client = client
+    def __init__(self, agent_id: str, link: BridgeLink, cursor: int, session: str, *,
+                 secrets=(), after_turn: Callable[[int, int], Awaitable[None]] | None = None):
+        self.agent_id = agent_id
+        self.link = link
+        self.client = link.events
         self.cursor = cursor
         self.session = session
         self.head = cursor
+        self.secrets = secrets
+        self.after_turn = after_turn
 
     async def run(self) -> None:
         """Relay until the connection is lost (BridgeUnavailable) or cancelled."""
         while True:
             try:
-                page = await self.client.request(
-                    "events", after=self.cursor, wait=POLL_WAIT_S, limit=PAGE_LIMIT,
-                    timeout=POLL_WAIT_S + 15,
-                )
+                page = await self.client.events(self.cursor, wait=POLL_WAIT_S, limit=PAGE_LIMIT)
             except BridgeRequestError as exc:
                 await self._cursor_error(exc)
                 continue
-            sid = str(page.get("session_id") or "")
-            self.head = int(page.get("head") or 0)
+            sid = page.session_id
+            self.head = page.head
             if self.session and sid and sid != self.session:
                 await self._new_session(sid, reason="session_changed")
                 continue
-            events = page.get("events") or []
-            if not events:
+            if not page.events:
                 continue
-            secrets = self.driver.info.secrets if self.driver.info else None
-            records = await _commit(self.agent_id, self.cursor, self.session, sid, events, secrets)
-            self.cursor, self.session = int(events[-1]["bseq"]), sid
+            records = await _commit(self.agent_id, self.cursor, self.session, sid, page.events,
+                                    self.secrets)
+            self.cursor, self.session = page.events[-1].bseq, sid
             try:
-                await self.client.request("ack", through=self.cursor)
+                await self.client.ack(self.cursor)
             except BridgeRequestError as exc:  # bad_ack: harmless, the next page tells
                 log.warning("agent %s: ack %d refused: %s", self.agent_id, self.cursor, exc)
-            for event, record in zip(events, records):
+            for event, record in zip(page.events, records):
                 await self._after(event, record.seq)
 
     # --- cursor trouble (docs/BRIDGE.md "events / ack") --------------------------------
     async def _cursor_error(self, exc: BridgeRequestError) -> None:
-        sid = str(exc.extra.get("session_id") or "")
+        sid = exc.info.session_id or ""
         if exc.code == "cursor_ahead":
             if sid and sid != self.session:
                 # A rebuilt bridge counts from 1 again: start over in its session.
@@ -88,7 +88,7 @@ class Relay:
                 return
             # Same session, fewer events: its session file went back (a
             # restored checkpoint). Continue from its head; say so.
-            head = int(exc.extra.get("head") or 0)
+            head = exc.info.head or 0
             await _reset(self.agent_id, self.cursor, self.session, sid or self.session, head,
                          ("bridge.cursor_reset", {"session_id": sid or self.session,
                                                   "from": self.cursor, "to": head,
@@ -97,7 +97,7 @@ class Relay:
             return
         if exc.code == "cursor_pruned":
             # Someone acked events we never journaled: report the hole, never hide it.
-            acked = int(exc.extra.get("acked") or 0)
+            acked = exc.info.acked or 0
             await _reset(self.agent_id, self.cursor, self.session, sid or self.session, acked,
                          ("bridge.events_lost", {"session_id": sid or self.session,
                                                  "after": self.cursor, "through": acked}))
@@ -112,37 +112,36 @@ class Relay:
         self.cursor, self.session = 0, sid
 
     # --- what a committed event asks for -------------------------------------------------
-    async def _after(self, event: dict, seq: int) -> None:
-        etype, data = event.get("type"), event.get("data") or {}
+    async def _after(self, event: BridgeEvent, seq: int) -> None:
         try:
-            if etype in ("request.spawn", "request.memory"):
+            if event.type in REQUESTS:
                 await self.answer(event)
-            elif etype == "turn.finished":
-                await self.driver.take_checkpoint(int(data.get("turn") or 0), seq)
+            elif event.type == "turn.finished" and self.after_turn is not None:
+                await self.after_turn(_turn_of(event.data), seq)
         except BridgeError:
             raise
         except Exception:
-            log.exception("agent %s: handling %s (bseq %s) failed", self.agent_id, etype,
-                          event.get("bseq"))
+            log.exception("agent %s: handling %s (bseq %s) failed", self.agent_id, event.type,
+                          event.bseq)
 
-    async def answer(self, event: dict) -> None:
+    async def answer(self, event: BridgeEvent) -> None:
         """Answer a request.spawn / request.memory event with `reply`."""
-        data = event.get("data") or {}
+        data = event.data
         request_id = data.get("request_id")
         if not isinstance(request_id, str):
             return
         try:
-            if event["type"] == "request.spawn":
+            if event.type == "request.spawn":
                 key = f"bridge:{self.agent_id}:{self.session}:{request_id}"[:255]
                 child = await _spawn_child(self.agent_id, data.get("prompt"), data.get("spec"), key)
                 reply = {"result": {"agent_id": child}}
             else:
                 result = await _memory(self.agent_id, data.get("op"), data.get("key"), data.get("value"))
                 reply = {"result": result}
-        except _Refused as exc:
+        except Refused as exc:
             reply = {"error": {"code": exc.code, "message": exc.message}}
         try:
-            await self.driver.control.request("reply", request_id=request_id, **reply)
+            await self.link.control.reply(request_id, **reply)
         except BridgeRequestError as exc:
             # unknown_request: the tool gave up waiting (or the bridge restarted).
             log.info("agent %s: reply to %s refused: %s", self.agent_id, request_id, exc)
@@ -150,46 +149,29 @@ class Relay:
     async def answer_pending(self, request_ids: list[str]) -> None:
         """At reattach: requests the bridge still waits for whose events were
         journaled by a worker that died before replying."""
-        for event in await _request_events(self.agent_id, list(request_ids)):
+        for event in await store.request_events(self.agent_id, list(request_ids)):
             await self.answer(event)
-
-
-class _Refused(Exception):
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code, self.message = code, message
 
 
 # --- database work (sync, run through database_sync_to_async) ----------------------------
 
 
-def _facts(events: list[dict], secrets=None) -> list[tuple[str, dict]]:
+def _facts(events, secrets=None) -> list[tuple[str, dict]]:
     """Bridge events as transcript facts. A bound secret the agent printed
     (`echo $TOKEN`) is redacted here, before it can reach the transcript."""
-    from sessions.credentials import redact
+    return [(ev.type, {**credentials.redact(ev.data, secrets), "bseq": ev.bseq}) for ev in events]
 
-    out = []
-    for ev in events:
-        data = redact(ev.get("data"), secrets)
-        data = dict(data) if isinstance(data, dict) else {"value": data}
-        data["bseq"] = ev["bseq"]
-        out.append((str(ev.get("type") or "bridge.unknown")[:64], data))
-    return out
+
+def _turn_of(data: dict) -> int:
+    turn = data.get("turn")
+    return turn if isinstance(turn, int) and not isinstance(turn, bool) and turn > 0 else 0
 
 
 @database_sync_to_async
-def _commit(agent_id: str, cursor: int, session: str, new_session: str, events: list[dict],
-            secrets=None):
-    from sessions import journal
-    from sessions.models import Agent
-
-    expected = cursor + 1
-    if int(events[0]["bseq"]) != expected:
-        log.warning("agent %s: bridge events start at bseq %s, expected %d",
-                    agent_id, events[0]["bseq"], expected)
+def _commit(agent_id: str, cursor: int, session: str, new_session: str, events, secrets=None):
     with transaction.atomic():
         moved = Agent.objects.filter(pk=agent_id, bridge_cursor=cursor, bridge_session=session).update(
-            bridge_cursor=int(events[-1]["bseq"]), bridge_session=new_session)
+            bridge_cursor=events[-1].bseq, bridge_session=new_session)
         if moved != 1:
             raise CursorMoved(f"agent {agent_id}: the bridge cursor is no longer {session}:{cursor}")
         return journal.append_many(agent_id, _facts(events, secrets))
@@ -197,9 +179,6 @@ def _commit(agent_id: str, cursor: int, session: str, new_session: str, events: 
 
 @database_sync_to_async
 def _reset(agent_id: str, cursor: int, session: str, new_session: str, new_cursor: int, fact) -> None:
-    from sessions import journal
-    from sessions.models import Agent
-
     with transaction.atomic():
         moved = Agent.objects.filter(pk=agent_id, bridge_cursor=cursor, bridge_session=session).update(
             bridge_cursor=new_cursor, bridge_session=new_session)
@@ -211,37 +190,17 @@ def _reset(agent_id: str, cursor: int, session: str, new_session: str, new_curso
 
 @database_sync_to_async
 def _spawn_child(agent_id: str, prompt, spec, key: str) -> str:
-    from sessions import commands
-
     if not isinstance(prompt, str) or not prompt.strip():
-        raise _Refused("bad_request", "spawn needs a non-empty prompt")
+        raise Refused("bad_request", "spawn needs a non-empty prompt")
     try:
         return commands.spawn_child(agent_id, prompt, spec if isinstance(spec, dict) else None, key)
     except commands.CommandRefused as exc:
-        raise _Refused(exc.code, exc.message) from exc
+        raise Refused(exc.code, exc.message) from exc
 
 
 @database_sync_to_async
 def _memory(agent_id: str, op, key, value):
-    from sessions import memory
-
     try:
         return memory.handle(agent_id, op, key, value)
-    except memory.MemoryError_ as exc:
-        raise _Refused("bad_request", str(exc)) from exc
-
-
-@database_sync_to_async
-def _request_events(agent_id: str, request_ids: list[str]) -> list[dict]:
-    from sessions.models import Event
-
-    if not request_ids:
-        return []
-    rows = (Event.objects.filter(agent_id=agent_id, type__in=("request.spawn", "request.memory"))
-            .order_by("-seq")[:200])
-    wanted, out = set(request_ids), []
-    for row in reversed(list(rows)):
-        if row.data.get("request_id") in wanted:
-            wanted.discard(row.data["request_id"])
-            out.append({"type": row.type, "data": row.data, "bseq": row.data.get("bseq")})
-    return out
+    except memory.MemoryRequestError as exc:
+        raise Refused("bad_request", str(exc)) from exc

@@ -9,7 +9,7 @@
 
 The source agent is not touched. The fork's `agent.spawned` fact records where
 it came from (`fork`), and the worker builds its sandbox from that
-(sandboxes.ladder.provision_fork).
+(sessions/worker/ladder.py, provision_fork).
 """
 
 from __future__ import annotations
@@ -21,73 +21,54 @@ from typing import Any
 
 from django.utils import timezone
 
-from . import journal
-from .commands import (
+from sessions import journal
+from sessions.models import Agent, Checkpoint, CommandVerb, Event
+
+from .base import (
     CommandRefused,
     Outcome,
-    _execute,
-    _finish,
-    _first_prompt,
-    _locked,
-    _object,
-    _only,
-    _record,
-    _refuse_if_ended,
-    _text,
+    body_object,
     check_key,
+    execute,
+    locked,
+    only,
+    optional_text,
+    parent_id,
+    refuse_if_ended,
     request_hash,
 )
-from .models import Agent, AgentStatus, Checkpoint, CommandVerb, Event
+from .spawn import create_agent
+
+ORIGINS = ("checkpoint", "at_event")
 
 
 def fork(user, agent_id: str, body: Any, key: str | None = None) -> Outcome:
     key = check_key(key)
-    body = _object(body)
-    _only(body, ("checkpoint", "at_event", "parent", "prompt"))
+    body = body_object(body)
+    only(body, (*ORIGINS, "parent", "prompt"))
     if ("checkpoint" in body) == ("at_event" in body):
         raise CommandRefused(400, "request.invalid", "Give exactly one of checkpoint or at_event.")
-    for field in ("checkpoint", "at_event"):
+    for field in ORIGINS:
         value = body.get(field)
         if field in body and (not isinstance(value, int) or isinstance(value, bool) or value < 1
                               or value > 2**62):
             raise CommandRefused(400, "request.invalid", f"{field} must be a positive integer.")
-    parent_id = body.get("parent")
-    if parent_id is not None and not isinstance(parent_id, str):
-        raise CommandRefused(400, "request.invalid", "parent must be an agent id (a string) or null")
-    prompt = body.get("prompt")
-    prompt = None if prompt is None else _text("prompt", prompt)
+    parent = parent_id(body)
+    prompt = optional_text("prompt", body.get("prompt"))
     digest = request_hash("fork", agent_id, body)
-    act = partial(_fork, user, agent_id, body, parent_id, prompt, key, digest)
-    return _execute(user, key, digest, act)
+    return execute(user, key, digest,
+                   partial(_fork, user, agent_id, body, parent, prompt, key, digest))
 
 
 def _fork(user, agent_id, body, parent_id, prompt, key, digest) -> Outcome:
-    source = _locked(user, agent_id, "agent")
+    source = locked(user, agent_id, "agent")
     origin = (_from_checkpoint(source, body["checkpoint"]) if "checkpoint" in body
               else _from_event(source, body["at_event"]))
-    parent = _locked(user, parent_id, "parent") if parent_id is not None else None
+    parent = locked(user, parent_id, "parent") if parent_id is not None else None
     if parent is not None:
-        _refuse_if_ended(parent)
-    child = Agent.objects.create(workspace=source.workspace, parent=parent, created_by=user,
-                                 spec=source.spec)
-    cmd = _record(user, child, CommandVerb.FORK, key, digest, 201)
-    by = user.get_username()
-    facts = [("agent.spawned", {"spec": source.spec, "parent": parent_id, "by": by,
-                                "command": cmd.pk, "fork": origin})]
-    first = _first_prompt(user, child, prompt) if prompt is not None else None
-    if first is not None:
-        facts.append(("command.prompt", {"text": prompt, "command": first.pk, "by": by}))
-    records = journal.append_many(child.id, facts)
-    if parent is not None:
-        journal.append(parent.id, "agent.child_spawned", {"child": child.id, "command": cmd.pk})
-    body = {"id": child.id, "status": AgentStatus.STARTING.value, "sandbox_id": None,
-            "parent": parent_id, "forked_from": origin, "command": cmd.pk}
-    _finish(cmd, body, records[0].seq)
-    if first is not None:
-        from .commands import _accepted
-
-        _finish(first, _accepted(first, child, "prompt", records[1].seq), records[1].seq)
-    return Outcome(201, body)
+        refuse_if_ended(parent)
+    return create_agent(user, workspace=source.workspace, parent=parent, spec=source.spec,
+                        prompt=prompt, verb=CommandVerb.FORK, key=key, digest=digest, fork=origin)
 
 
 def _from_checkpoint(source: Agent, checkpoint_id: int) -> dict:

@@ -1,38 +1,41 @@
-"""Home-dir archives: packing (tar + zstd on the host) and turn checkpoints.
+"""Home-dir archives, on the host: packing (tar + zstd), turn checkpoint
+files (store, restore, rotate), and reading the bridge's session file out of
+a checkpoint.
 
 Extraction of what a sandbox produced is never trusted: it goes through
-sandboxes.safe_tar (:func:`safe_extract`, :func:`check_tar`,
-:func:`validated_tar`), re-exported here.
+sandboxes/safe_tar.py (the backends' ``write_home``).
 
 * :func:`pack_home` / :func:`unpack_home` — a sandbox's home as zstd bytes.
-* Turn checkpoints for the worker: :func:`store_checkpoint` (streamed to
-  ``DATA_DIR/checkpoints/<agent>/<sandbox>-turn-<n>.tar.zst``, atomically),
+* Turn checkpoint files: :func:`store_checkpoint` (streamed to
+  ``<data dir>/checkpoints/<agent>/<sandbox>-turn-<n>.tar.zst``, atomically),
   :func:`restore_checkpoint`, and rotation (:func:`rotate` for paths,
-  :func:`rotate_rows` / :func:`rotate_checkpoints` for Checkpoint rows).
-  The Checkpoint row and the ``agent.checkpointed`` fact are the worker's.
+  :func:`rotate_rows` for the rows a caller keeps about them). The rows and
+  the ``agent.checkpointed`` fact are the worker's (sessions/worker/checkpoints.py).
 """
 
 from __future__ import annotations
 
 import io
+import json
+import logging
 import os
 import re
+import tarfile
 import time
 import uuid
 from pathlib import Path
 from typing import Iterable, NamedTuple, Sequence
 
-from sandboxes.safe_tar import (  # noqa: F401 - re-exported: the backends' and tests' names
-    ExtractStats,
-    as_fileobj,
-    check_tar,
-    clean_name,
-    iter_chunks,
-    safe_extract,
-    validated_tar,
-)
+from sandboxes import config
+from sandboxes.safe_tar import as_fileobj, iter_chunks
+
+log = logging.getLogger(__name__)
 
 ZSTD_LEVEL = 1  # 1-3 measured; 1 keeps a 50 MB home under 0.5 s
+#: Where the bridge keeps its session file, relative to the home.
+SESSION_MEMBER = ".alineo/session.json"
+
+
 # --- packing -------------------------------------------------------------------------
 def pack_home(backend, sandbox_id: str, *, level: int = ZSTD_LEVEL) -> bytes:
     """The sandbox's home as zstd-compressed tar bytes (package caches excluded).
@@ -60,7 +63,7 @@ def unpack_home(backend, sandbox_id: str, data) -> None:
 
 
 # --- turn checkpoints: store, restore, rotate ------------------------------------------
-#: Newest turn checkpoints kept per sandbox (BRIEF §2).
+#: Newest turn checkpoints kept per sandbox unless a workspace says otherwise.
 KEEP_CHECKPOINTS = 3
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _TURN_NAME = re.compile(r"-turn-(\d+)\.tar\.zst$")
@@ -73,11 +76,7 @@ class StoredCheckpoint(NamedTuple):
 
 
 def checkpoints_root(root: str | os.PathLike | None = None) -> Path:
-    if root is None:
-        from django.conf import settings
-
-        root = Path(settings.DATA_DIR) / "checkpoints"
-    return Path(root)
+    return config.data_dir().checkpoints if root is None else Path(root)
 
 
 def checkpoint_path(agent_id: str, sandbox_id: str, turn: int, *,
@@ -197,20 +196,35 @@ def rotate_rows(rows: Sequence, keep: int = KEEP_CHECKPOINTS) -> list:
     return list(reversed(doomed))
 
 
-def rotate_checkpoints(agent_id: str, sandbox_id: str, keep: int = KEEP_CHECKPOINTS) -> list[int]:
-    """Rotation in the database: the Checkpoint rows of one sandbox beyond the
-    newest ``keep`` get their files deleted and ``deleted_at`` set. Returns
-    their ids. Files go first: a crash in between leaves a row pointing at a
-    missing file, which a restore skips (it is never the newest)."""
-    from django.utils import timezone
+# --- the bridge's session file inside a checkpoint ---------------------------------------
 
-    from sessions.models import Checkpoint
 
-    rows = list(Checkpoint.objects.filter(agent_id=agent_id, sandbox_id=sandbox_id,
-                                          deleted_at__isnull=True))
-    doomed = rotate_rows(rows, keep)
-    ids = [r.pk for r in doomed]
-    if ids:
-        Checkpoint.objects.filter(pk__in=ids, deleted_at__isnull=True).update(
-            deleted_at=timezone.now())
-    return ids
+def session_in(path: str | os.PathLike) -> dict | None:
+    """The bridge's session file inside a checkpoint (zstd tar), or None."""
+    import zstandard
+
+    try:
+        with open(path, "rb") as fh:
+            reader = zstandard.ZstdDecompressor().stream_reader(fh)
+            with tarfile.open(fileobj=reader, mode="r|") as tar:
+                for member in tar:
+                    name = member.name.removeprefix("./")
+                    if name == SESSION_MEMBER and member.isfile():
+                        return json.loads(tar.extractfile(member).read())
+    except (OSError, ValueError, tarfile.TarError, zstandard.ZstdError) as exc:
+        log.warning("cannot read the session file in %s: %s", path, exc)
+    return None
+
+
+def session_file_tar(session: dict) -> bytes:
+    """A tar holding only the session file (and its directory), for write_home."""
+    payload = json.dumps(session).encode()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        d = tarfile.TarInfo("./" + SESSION_MEMBER.rpartition("/")[0])
+        d.type, d.mode, d.mtime = tarfile.DIRTYPE, 0o700, int(time.time())
+        tar.addfile(d)
+        ti = tarfile.TarInfo(f"./{SESSION_MEMBER}")
+        ti.size, ti.mode, ti.mtime = len(payload), 0o600, int(time.time())
+        tar.addfile(ti, io.BytesIO(payload))
+    return buf.getvalue()

@@ -1,5 +1,9 @@
 """System checks for configuration mistakes a user cannot see."""
 
+import difflib
+import os
+from urllib.parse import urlsplit
+
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 
@@ -88,10 +92,7 @@ def scale_out_check(app_configs, **kwargs):
 def docker_host_check(app_configs, **kwargs):
     """The bridge's socket lives in a run dir bind-mounted from the engine's
     machine: a worker can drive only an engine on its own machine."""
-    import os
-    from urllib.parse import urlsplit
-
-    host = os.environ.get("DOCKER_HOST", "").strip()
+    host = settings.DOCKER_HOST
     if not host or settings.ALINEO_SANDBOX == "local" or host.startswith(("unix://", "npipe://")):
         return []
     name = urlsplit(host).hostname or ""
@@ -105,3 +106,34 @@ def docker_host_check(app_configs, **kwargs):
         "(docs/DEPLOYMENT.md, Sandbox hosts).",
         id="alineo.W005",
     )]
+
+
+#: ALINEO_* names that are not the server's settings: read by the Python
+#: client, set by the server inside sandboxes, or used by the test suite and benches.
+OTHER_ALINEO_NAMES = ("ALINEO_URL", "ALINEO_TOKEN", "ALINEO_AGENT_ID", "ALINEO_RUN_DIR",
+                      "ALINEO_SANDBOX_ID", "ALINEO_TURN", "ALINEO_SESSION_START_SOURCE")
+NOT_SETTINGS_PREFIXES = ("ALINEO_TEST_", "ALINEO_BENCH_", "ALINEO_FAULT_", "ALINEO_SERVICES_",
+                         "ALINEO_TOOL_", "ALINEO_PG_", "ALINEO_REDIS_", "ALINEO_DOCKERD_")
+#: How alike a name must be to a setting to be taken for a misspelling of it.
+TYPO_SIMILARITY = 0.85
+
+
+@register()
+def misspelt_setting_check(app_configs, **kwargs):
+    """An ALINEO_* variable that is almost the name of a setting is a typo
+    (ALINEO_SANBOX=local would silently leave the backend on auto)."""
+    known = set(settings.KNOWN_ENV)
+    errors = []
+    for name in sorted(os.environ):
+        if (not name.startswith("ALINEO_") or name in known or name in OTHER_ALINEO_NAMES
+                or name.startswith(NOT_SETTINGS_PREFIXES)):
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=TYPO_SIMILARITY)
+        if close:
+            errors.append(Error(
+                f"{name} is not a setting; did you mean {close[0]}?",
+                hint="Rename the environment variable (the settings are listed in "
+                "docs/DEPLOYMENT.md); it is ignored as it is.",
+                id="alineo.E005",
+            ))
+    return errors

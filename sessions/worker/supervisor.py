@@ -1,10 +1,10 @@
 """The supervisor: one per process, on the serving loop; it keeps one
-:class:`sandboxes.driver.AgentDriver` task per agent that has work.
+:class:`sessions.worker.driver.AgentDriver` task per agent that has work.
 
 An agent has work when it has pending Command rows, or when it has a sandbox
 and has not ended (its bridge may be running turns or holding unjournaled
 events). **Boot recovery**: the first scan starts a driver for every such
-agent, and a driver's first act is :func:`sandboxes.ladder.recover` — reattach
+agent, and a driver's first act is :func:`sessions.worker.ladder.recover` — reattach
 (journaled as ``agent.restored {rung: reattach, reason:
 control_plane_restart}``), resume, restart, restore, rebuild or lost — before
 it acts on any command. The **watcher** (every ``WATCH_S``) lists the
@@ -16,7 +16,7 @@ that fails is started again after a backoff (1 s doubling to 60 s).
 
 Never two drivers for one agent in a process; across processes (several
 workers) a driver starts only once this worker holds the agent's lease
-(sessions.leases), renewed by the heartbeat task every quarter of
+(sessions/leases.py, taken in sessions/worker/claims.py), renewed by the heartbeat task every quarter of
 ``ALINEO_LEASE_S``. A lease that could not be renewed stops its driver; a
 driver's journal writes are fenced by the lease, and the relay's cursor guard
 refuses a second writer as well.
@@ -31,7 +31,13 @@ import time
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from sessions import leases
+from sandboxes.backends import get_backend
+from sandboxes.backends.base import SandboxStatus
+from sessions import backup, leases
+from sessions.models import ENDED, Agent, Command, CommandState
+
+from . import claims, retention
+from .driver import UNLOADED, AgentDriver
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +51,7 @@ _current: Supervisor | None = None
 class Supervisor:
     def __init__(self):
         self.drivers: dict[str, asyncio.Task] = {}
-        self.objects: dict[str, object] = {}
+        self.objects: dict[str, AgentDriver] = {}
         self.failures: dict[str, tuple[int, float]] = {}  # agent → (count, not before)
         self.driven: set[str] = set()  # agents this process has driven (boot recovery is over for them)
         self.wake = asyncio.Event()
@@ -90,7 +96,7 @@ class Supervisor:
             await asyncio.gather(*tasks, return_exceptions=True)
         if held:  # a clean stop: other workers may take these agents at once
             try:
-                await database_sync_to_async(_release_all)(held)
+                await database_sync_to_async(claims.release_all)(held)
             except Exception:  # noqa: BLE001 - they expire by themselves
                 log.info("could not release %d leases at stop", len(held), exc_info=True)
 
@@ -135,7 +141,7 @@ class Supervisor:
         for agent_id in await _agents_with_work():
             driver = self.objects.get(agent_id)
             if agent_id in self.drivers and driver is not None:
-                if getattr(driver, "healthy", False):
+                if driver.healthy:
                     self.failures.pop(agent_id, None)  # it recovered: the backoff starts over
                 driver.kick()
                 continue
@@ -154,23 +160,17 @@ class Supervisor:
 
     async def housekeeping(self) -> None:
         """The retention sweep (and, when configured, a scheduled backup), off the loop."""
-        from sandboxes.retention import sweep
-
         try:
-            await database_sync_to_async(sweep)()
+            await database_sync_to_async(retention.sweep)()
         except Exception:
             log.exception("retention sweep failed")
         if settings.ALINEO_BACKUP_DIR:
-            from sessions.backup import run_scheduled_if_due
-
-            await asyncio.to_thread(run_scheduled_if_due)  # never raises; logs a failure
+            await asyncio.to_thread(backup.run_scheduled_if_due)  # never raises; logs a failure
 
     async def watch(self) -> None:
         """The watcher: agents that should be running whose sandbox is not
         (removed, exited) get their driver's ladder now — no prompt needed,
         no backoff wait."""
-        from sandboxes.backends.base import SandboxStatus, get_backend
-
         backend = get_backend()
         # Sandboxes on other engines are watched by the workers that drive them.
         live = [(a, sid) for a, sid, host in await _live_agents() if host in ("", backend.host)]
@@ -201,15 +201,13 @@ class Supervisor:
         """Start a driver for each of ``agent_ids`` whose lease this worker gets."""
         if not agent_ids:
             return []
-        claimed = await database_sync_to_async(_claim)(agent_ids)
+        claimed = await database_sync_to_async(claims.claim)(agent_ids)
         for held in claimed:
             if held.agent_id not in self.drivers:
                 self._start_driver(held)
         return [h.agent_id for h in claimed]
 
     def _start_driver(self, held: leases.Held) -> None:
-        from sandboxes.driver import AgentDriver
-
         agent_id = held.agent_id
         driver = AgentDriver(agent_id, boot=agent_id not in self.driven, lease=held)
         self.driven.add(agent_id)
@@ -231,7 +229,7 @@ class Supervisor:
             # back silently at its next scan if work arrives, whereas a release
             # would let agents that wait (an approval) change hands every scan.
             self.failures.pop(agent_id, None)
-            if getattr(driver, "served", False):
+            if driver is not None and driver.served:
                 self.kick()  # a command that came in while it wound down (an unload) goes now
             return
         if isinstance(exc, leases.LeaseLost):
@@ -245,25 +243,9 @@ class Supervisor:
                     type(exc).__name__, exc, delay, exc_info=exc if count == 1 else None)
 
 
-def _claim(agent_ids: list[str]) -> list[leases.Held]:
-    out = []
-    for agent_id in leases.free_for_me(agent_ids):
-        held = leases.acquire(agent_id)
-        if held is not None:
-            out.append(held)
-    return out
-
-
-def _release_all(agent_ids: list[str]) -> None:
-    for agent_id in agent_ids:
-        leases.release(agent_id)
-
-
 @database_sync_to_async
 def _agents_with_work() -> list[str]:
-    from sessions.models import Command
-
-    pending = set(Command.objects.filter(state="pending", agent__isnull=False)
+    pending = set(Command.objects.filter(state=CommandState.PENDING, agent__isnull=False)
                   .values_list("agent_id", flat=True).distinct())
     live = set(_live().values_list("id", flat=True))
     return sorted(pending | live)
@@ -272,11 +254,8 @@ def _agents_with_work() -> list[str]:
 def _live():
     """Agents whose sandbox should be running: not ended, not unloaded (idle
     unload stopped those on purpose; a command brings them back)."""
-    from sandboxes.driver import UNLOADED
-    from sessions.models import Agent
-
     return (Agent.objects.exclude(sandbox_id="")
-            .exclude(status__in=("stopped", "lost", "unrecoverable"))
+            .exclude(status__in=ENDED)
             .exclude(status="idle", status_reason=UNLOADED))
 
 

@@ -1,0 +1,222 @@
+"""Launching a bridge in a sandbox: its run dir (the bridge's source, its
+config, the socket's directory), the bridge command for the backend, the
+setup snapshot it starts from, a fresh sandbox restored from a checkpoint or
+seeded with a conversation, the wait-for inputs, and the revisions a
+checkpoint records (which harness, which sandbox profile).
+
+Nothing here knows about the database: the worker (sessions/worker/) decides
+what to launch and journals what happened.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandboxes import archive, config
+from sandboxes.backends.base import LABEL_AGENT, SandboxBackend
+from sandboxes.bridge.protocol import MAX_SOCKET_PATH
+from sandboxes.errors import BackendUnavailable, SandboxError, SandboxNotFound
+from sandboxes.setup import ensure_setup_image
+
+log = logging.getLogger(__name__)
+
+BRIDGE_SRC = Path(__file__).resolve().parent / "bridge"
+#: The sandbox profile: what shapes the sandbox a checkpoint was taken in.
+PROFILE_KEYS = ("image", "packages", "setup", "run_as", "network", "limits")
+
+
+class LaunchError(SandboxError):
+    """The sandbox cannot be launched as asked (a path too long, …)."""
+
+    permanent_default = True
+
+
+class CheckpointUnusable(SandboxError):
+    """The chosen checkpoint cannot be extracted (unsafe, truncated, not zstd …):
+    the caller falls back to rebuilding from the transcript."""
+
+    permanent_default = True
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A bound credential: reaches the sandbox only through its environment."""
+
+    name: str
+    env: str
+    value: str
+
+    def __repr__(self) -> str:  # never print a value by accident
+        return f"Secret(name={self.name!r}, env={self.env!r}, value=<hidden>)"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What a sandbox for one agent is made from."""
+
+    agent_id: str
+    spec: dict
+    secrets: tuple[Secret, ...] = ()
+
+
+@dataclass(frozen=True)
+class Fresh:
+    """How a fresh sandbox starts: from a turn checkpoint (``checkpoint``, a
+    path), or with its bridge seeded with a conversation (``seed``:
+    ``{"messages", "turns"}``), or neither. ``max_turn`` is the transcript's
+    newest turn: a restored session numbers its next turn after it."""
+
+    checkpoint: str | None = None
+    seed: dict | None = None
+    max_turn: int = 0
+    labels: dict = field(default_factory=dict)
+
+
+# --- revisions -------------------------------------------------------------------------------
+
+
+def harness_revision() -> str:
+    """A hash of the bridge's source: which harness wrote a checkpoint."""
+    global _REVISION
+    if _REVISION is None:
+        h = hashlib.sha256()
+        for path in sorted(BRIDGE_SRC.rglob("*.py")):
+            h.update(str(path.relative_to(BRIDGE_SRC)).encode() + b"\0" + path.read_bytes())
+        _REVISION = h.hexdigest()[:16]
+    return _REVISION
+
+
+_REVISION: str | None = None
+
+
+def profile_revision(spec: dict) -> str:
+    """A hash of the sandbox profile (:data:`PROFILE_KEYS`) a checkpoint belongs to."""
+    profile = json.dumps({k: spec.get(k) for k in PROFILE_KEYS}, sort_keys=True, default=str)
+    return hashlib.sha256(profile.encode()).hexdigest()[:16]
+
+
+# --- the run dir and the sandbox ------------------------------------------------------------
+
+
+def run_dir_for(agent_id: str) -> Path:
+    return config.data_dir().run(agent_id)
+
+
+def socket_path(agent_id: str) -> Path:
+    return run_dir_for(agent_id) / "bridge.sock"
+
+
+def prepare_run_dir(backend: SandboxBackend, launch: Launch, seed: dict | None) -> list[str]:
+    """A new run dir with a copy of the bridge and its config (never a secret
+    value: it lives on the host's disk); returns the bridge's command."""
+    run = run_dir_for(launch.agent_id)
+    shutil.rmtree(run, ignore_errors=True)
+    run.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(BRIDGE_SRC, run / "bridge", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    spec = launch.spec
+    bridge_config = {"agent_id": launch.agent_id, "model": spec.get("model", "demo"),
+                     "tools": spec.get("tools"), "hooks": spec.get("hooks") or {}}
+    (run / "config.json").write_text(json.dumps(bridge_config, indent=1))
+    sock = run / "bridge.sock"
+    if len(str(sock).encode()) > MAX_SOCKET_PATH:
+        raise LaunchError(f"the socket path {sock} is too long for AF_UNIX; "
+                          "use a shorter ALINEO_DATA_DIR")
+    backend.share_run_dir(run)
+    command = backend.bridge_command(run)
+    if seed is not None:
+        (run / "seed.json").write_text(json.dumps(seed))
+        command += ["--seed", f"{backend.run_dir_inside(run)}/seed.json"]
+    return command
+
+
+def create_sandbox(backend: SandboxBackend, launch: Launch, *, seed: dict | None = None,
+                   labels: dict | None = None, start: bool = True) -> str:
+    """Create (and start, unless ``start=False``) a sandbox whose command is the
+    bridge, from the spec's setup snapshot (or its image when it needs no
+    setup). Orphans of an earlier attempt that crashed before its sandbox was
+    recorded are removed first. ``seed`` is written to the run dir and passed
+    as ``--seed``; a bridge that finds a session file ignores it, so restarts
+    never seed twice."""
+    for old in backend.list({LABEL_AGENT: launch.agent_id}):
+        backend.remove(old.id)
+    command = prepare_run_dir(backend, launch, seed)
+    inside = backend.run_dir_inside(run_dir_for(launch.agent_id))
+    env = {"PYTHONPATH": inside, "PYTHONDONTWRITEBYTECODE": "1"}
+    env.update({secret.env: secret.value for secret in launch.secrets})
+    all_labels = {**config.extra_labels(), **(labels or {})}
+    spec = launch.spec
+    image = ensure_setup_image(backend, spec, labels=config.extra_labels())
+    sid = backend.create(launch.agent_id, image, run_dir=str(run_dir_for(launch.agent_id)),
+                         limits=spec.get("limits"), network=spec.get("network") or "none",
+                         env=env, labels=all_labels, command=command)
+    if start:
+        _start_or_remove(backend, sid)
+    return sid
+
+
+def _start_or_remove(backend: SandboxBackend, sid: str) -> None:
+    try:
+        backend.start(sid)
+    except BaseException:
+        backend.remove(sid)
+        raise
+
+
+def build_fresh(backend: SandboxBackend, launch: Launch, fresh: Fresh) -> str:
+    """A fresh sandbox for the restore ladder (restore, rebuild) or a fork:
+    created, the checkpoint extracted safely into its home (CheckpointUnusable
+    when it cannot be), started. Removed again on any failure."""
+    sid = create_sandbox(backend, launch, seed=fresh.seed, labels=fresh.labels, start=False)
+    try:
+        if fresh.checkpoint:
+            _restore_into(backend, sid, fresh)
+        backend.start(sid)
+    except BaseException:
+        backend.remove(sid)
+        raise
+    return sid
+
+
+def _restore_into(backend: SandboxBackend, sid: str, fresh: Fresh) -> None:
+    try:
+        archive.restore_checkpoint(backend, sid, fresh.checkpoint)
+    except (BackendUnavailable, SandboxNotFound):
+        raise
+    except Exception as exc:  # unsafe, truncated, not zstd ...
+        raise CheckpointUnusable(f"{type(exc).__name__}: {exc}") from exc
+    session = archive.session_in(fresh.checkpoint)
+    if session is not None and int(session.get("turns") or 0) < fresh.max_turn:
+        # Turns after the checkpoint were journaled (and settled): number the
+        # next one after them, as the lost sandbox would have.
+        session["turns"] = fresh.max_turn
+        backend.write_home(sid, [archive.session_file_tar(session)])
+
+
+# --- wait-for inputs -------------------------------------------------------------------------
+
+
+def write_inputs(backend: SandboxBackend, agent_id: str, sid: str) -> None:
+    """Write the agent's wait-for inputs (``*.txt`` and ``inputs.json``, kept
+    on the host) into a fresh sandbox: staged in its run dir, then installed
+    where the backend's agents read them. Agents with none are skipped."""
+    src = config.data_dir().inputs(agent_id)
+    if not src.is_dir():
+        return
+    files = sorted(p for p in src.iterdir() if p.is_file()
+                   and (p.suffix == ".txt" or p.name == "inputs.json"))
+    if not files:
+        return
+    run = run_dir_for(agent_id)
+    staged = run / "inputs"
+    staged.mkdir(parents=True, exist_ok=True)
+    for p in files:
+        shutil.copy2(p, staged / p.name)
+    try:
+        backend.install_inputs(sid, f"{backend.run_dir_inside(run)}/inputs")
+    except SandboxError as exc:
+        log.warning("agent %s: writing the inputs again failed: %s", agent_id, exc)

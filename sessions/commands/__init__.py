@@ -1,0 +1,20 @@
+"""Idempotent commands: everything that changes an agent goes through here,
+journaled first and acted on later by the worker (sessions/worker/).
+
+    base.py     the transaction, idempotency, body checks, CommandRefused
+    spawn.py    spawn, spawn_child (an agent's request), the one spawn body
+    agent.py    prompt, steer, interrupt, pause, resume, stop, reattach, rebridge, checkpoint
+    fork.py     fork from a checkpoint or an event
+    approve.py  an operator's approval of held credentials
+"""
+
+from .agent import AGENT_VERBS, OPERATION_VERBS, TEXT_VERBS, send
+from .approve import approve
+from .base import CommandRefused, Outcome, check_key, request_hash, wake_worker
+from .fork import fork
+from .spawn import spawn, spawn_child
+
+__all__ = [
+    "AGENT_VERBS", "OPERATION_VERBS", "TEXT_VERBS", "CommandRefused", "Outcome", "approve",
+    "check_key", "fork", "request_hash", "send", "spawn", "spawn_child", "wake_worker",
+]

@@ -1,0 +1,79 @@
+"""`POST /api/agents/{id}/approve`: an operator approves the held credential
+bindings an agent waits for (sessions/approvals.py reads what it waits for
+from the transcript)."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from sessions import journal
+from sessions.approvals import APPROVED, state_of
+from sessions.models import Command, CommandState, CommandVerb
+
+from .base import (
+    CommandRefused,
+    Outcome,
+    body_object,
+    check_key,
+    execute,
+    locked,
+    only,
+    record,
+    refuse_if_ended,
+    request_hash,
+    wake_worker,
+)
+
+
+def approve(user, agent_id: str, body: Any, key: str | None = None) -> Outcome:
+    """{"bindings": [names]?} → 202: approve the held bindings the agent waits
+    for (default: all of them) for its next sandbox start. Idempotent by
+    Idempotency-Key; 409 approval.not_requested when nothing waits."""
+    key = check_key(key)
+    body = body_object(body)
+    only(body, ("bindings",))
+    names = body.get("bindings")
+    if names is not None:
+        if (not isinstance(names, list) or not names
+                or not all(isinstance(n, str) and n for n in names)):
+            raise CommandRefused(400, "request.invalid",
+                                 "bindings must be a non-empty list of binding names.")
+        names = list(dict.fromkeys(names))
+    digest = request_hash("approve", agent_id, body)
+    return execute(user, key, digest, partial(_approve, user, agent_id, names, key, digest))
+
+
+def _approve(user, agent_id: str, names: list[str] | None, key, digest) -> Outcome:
+    agent = locked(user, agent_id, "agent")
+    refuse_if_ended(agent)
+    state = state_of(agent)
+    if not state.waiting:
+        raise CommandRefused(
+            409, "approval.not_requested",
+            f"Agent {agent.id} is not waiting for a credential approval"
+            + (" (it holds no credential for approval)." if not state.held else "."),
+        )
+    if names is None:
+        names = list(state.missing)
+    unknown = [n for n in names if n not in state.held]
+    if unknown:
+        raise CommandRefused(
+            400, "approval.unknown_binding",
+            f"Agent {agent.id} holds no binding named {unknown[0]!r} for approval; "
+            f"it waits for {', '.join(state.missing)}.", bindings=list(state.missing))
+    cmd = record(user, agent, CommandVerb.APPROVE, key, digest, 202)
+    by = user.get_username()
+    fact = journal.append(agent.id, APPROVED, {"bindings": names, "by": by, "command": cmd.pk})
+    waiting = [n for n in state.missing if n not in names]
+    body = {"command": cmd.pk, "agent": agent.id, "verb": "approve", "seq": fact.seq,
+            "bindings": names, "waiting_for": waiting, "state": "done"}
+    # The approval is acted on here (its fact is the act): nothing is left for
+    # the worker but to be woken, so it creates the sandbox now.
+    Command.objects.filter(pk=cmd.pk).update(response_body=body, seq=fact.seq,
+                                            state=CommandState.DONE, acted_at=timezone.now())
+    transaction.on_commit(partial(wake_worker, [cmd.pk]))
+    return Outcome(202, body)

@@ -1,0 +1,114 @@
+"""Spawning agents: ``POST /api/agents`` (:func:`spawn`), a child an agent asks
+for (:func:`spawn_child`), and the one body both — and a fork
+(sessions/commands/fork.py) — run: :func:`create_agent`."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from sessions import credentials, journal, specs
+from sessions.access import default_workspace
+from sessions.models import Agent, AgentStatus, CommandVerb
+
+from .base import (
+    CommandRefused,
+    Outcome,
+    accepted,
+    body_object,
+    check_key,
+    execute,
+    finish,
+    locked,
+    only,
+    optional_text,
+    parent_id,
+    record,
+    refuse_if_ended,
+    request_hash,
+)
+
+
+def spawn(user, body: Any, key: str | None = None) -> Outcome:
+    """Spawn an agent: body {"spec": {...}?, "parent": id?, "prompt": str?} → 201."""
+    key = check_key(key)
+    body = body_object(body)
+    only(body, ("spec", "parent", "prompt"))
+    try:
+        spec = specs.validate_for_spawn(body.get("spec"))
+    except specs.SpecError as exc:
+        raise CommandRefused(400, "spec.invalid", str(exc), field=exc.field) from exc
+    parent = parent_id(body)
+    prompt = optional_text("prompt", body.get("prompt"))
+    digest = request_hash("spawn", None, body)
+    return execute(user, key, digest, partial(_spawn, user, spec, parent, prompt, key, digest))
+
+
+def spawn_child(parent_id: str, prompt: str, spec: dict | None, key: str) -> str:
+    """A child agent asked for by an agent (the bridge's `request.spawn`): the
+    same spawn as the API's, on behalf of the parent's creator, with `key` (the
+    worker derives it from the bridge session and request id) as the
+    Idempotency-Key, so asking again after a worker crash spawns no second
+    child. The child inherits the parent's spec unless `spec` is given.
+    Returns the child's id; raises CommandRefused like `spawn`."""
+    parent = Agent.objects.select_related("created_by").get(pk=parent_id)
+    if parent.created_by is None:
+        raise CommandRefused(409, "agent.no_owner", f"Agent {parent_id} has no owner to spawn as.")
+    body = {"spec": parent.spec if spec is None else spec, "parent": parent_id, "prompt": prompt}
+    return spawn(parent.created_by, body, key).body["id"]
+
+
+def _spawn(user, spec: dict, parent_id: str | None, prompt: str | None, key, digest) -> Outcome:
+    parent = locked(user, parent_id, "parent") if parent_id is not None else None
+    if parent is not None:
+        refuse_if_ended(parent)
+    workspace = parent.workspace if parent is not None else default_workspace(user)
+    if workspace is None:
+        raise CommandRefused(
+            403,
+            "workspace.none",
+            "You are not a member of any workspace, so you cannot spawn agents.",
+        )
+    try:
+        credentials.check_bindings(workspace, spec.get("credentials") or [])
+    except specs.SpecError as exc:
+        raise CommandRefused(400, "spec.invalid", str(exc), field=exc.field) from exc
+    return create_agent(user, workspace=workspace, parent=parent, spec=spec, prompt=prompt,
+                        verb=CommandVerb.SPAWN, key=key, digest=digest)
+
+
+def create_agent(user, *, workspace, parent: Agent | None, spec: dict, prompt: str | None,
+                 verb: str, key: str | None, digest: str, fork: dict | None = None) -> Outcome:
+    """The new agent's row, its Command, ``agent.spawned`` (with ``fork``, where
+    a fork came from), its first prompt as a command of its own, and
+    ``agent.child_spawned`` on the parent — inside the caller's transaction. → 201."""
+    child = Agent.objects.create(workspace=workspace, parent=parent, created_by=user, spec=spec)
+    cmd = record(user, child, verb, key, digest, 201)
+    by = user.get_username()
+    parent_id = parent.id if parent is not None else None
+    spawned = {"spec": spec, "parent": parent_id, "by": by, "command": cmd.pk}
+    if fork is not None:
+        spawned["fork"] = fork
+    facts = [("agent.spawned", spawned)]
+    first = _first_prompt(user, child, prompt) if prompt is not None else None
+    if first is not None:
+        facts.append(("command.prompt", {"text": prompt, "command": first.pk, "by": by}))
+    records = journal.append_many(child.id, facts)
+    if parent is not None:
+        journal.append(parent.id, "agent.child_spawned", {"child": child.id, "command": cmd.pk})
+    body = {"id": child.id, "status": AgentStatus.STARTING.value, "sandbox_id": None,
+            "parent": parent_id}
+    if fork is not None:
+        body["forked_from"] = fork
+    body["command"] = cmd.pk
+    finish(cmd, body, records[0].seq)
+    if first is not None:
+        finish(first, accepted(first, child, "prompt", records[1].seq), records[1].seq)
+    return Outcome(201, body)
+
+
+def _first_prompt(user, child: Agent, prompt: str):
+    """The first prompt is a command of its own (without a key: the spawn's key
+    covers it), so the worker handles every prompt alike."""
+    digest = request_hash("prompt", child.id, {"text": prompt})
+    return record(user, child, CommandVerb.PROMPT, None, digest, 202)
