@@ -4,10 +4,14 @@ from pathlib import Path
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from sandboxes import config
+
+from . import journal
 from .models import (
     Agent, ApiToken, Checkpoint, Command, Credential, Event, RetentionSweep, Snapshot, Workspace,
 )
@@ -165,15 +169,22 @@ class CheckpointAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Delete now (archive file and all)")
     def delete_now(self, request, queryset):
-        root = Path(settings.DATA_DIR).resolve()
+        """The file goes, the row keeps its metadata, and the agent's transcript
+        says who deleted it (``agent.checkpoint_deleted``): a restore after it
+        can tell an operator's deletion from an expiry."""
+        root = config.data_dir().checkpoints.resolve()
         now, n = timezone.now(), 0
         for cp in queryset.filter(deleted_at=None):
             if cp.path:
                 path = Path(cp.path).resolve()
                 if path.is_relative_to(root):
                     path.unlink(missing_ok=True)
-            Checkpoint.objects.filter(pk=cp.pk).update(deleted_at=now, expires_at=min(cp.expires_at, now))
-            n += 1
+            with transaction.atomic():
+                if Checkpoint.objects.filter(pk=cp.pk, deleted_at=None).update(
+                        deleted_at=now, expires_at=min(cp.expires_at, now)):
+                    journal.append(cp.agent_id, "agent.checkpoint_deleted", {
+                        "checkpoint": cp.pk, "turn": cp.turn, "by": request.user.get_username()})
+                    n += 1
         self.message_user(request, f"{n} checkpoint(s) deleted.", messages.SUCCESS)
 
 

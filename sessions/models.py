@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from datetime import timedelta
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -220,6 +221,11 @@ class Checkpoint(models.Model):
 
     class Meta:
         ordering = ["agent", "-created_at"]
+
+    def expires_under(self, max_age_days: int):
+        """When it expires: its own date, or sooner under a shortened policy
+        (a lengthened one never lengthens a checkpoint)."""
+        return min(self.expires_at, self.created_at + timedelta(days=max_age_days))
 
 
 class Snapshot(models.Model):

@@ -5,7 +5,6 @@ sessions.journal. The SSE stream is routed in asgi.py, before Django."""
 from __future__ import annotations
 
 import re
-from datetime import timedelta
 
 from django.conf import settings
 from django.db.models import Q
@@ -185,15 +184,14 @@ def agent_checkpoints(request, user, agent_id: str):
     event_ids = dict(
         Event.objects.filter(agent=agent, seq__in=[cp.through_seq for cp in rows]).values_list("seq", "id")
     )
-    max_age = timedelta(days=agent.workspace.checkpoint_max_age_days)
+    max_age = agent.workspace.checkpoint_max_age_days
     now = timezone.now()
     return JsonResponse({"checkpoints": [_checkpoint(cp, event_ids, max_age, now) for cp in rows],
                          "zero_data_retention": False})
 
 
-def _checkpoint(cp: Checkpoint, event_ids: dict, max_age, now) -> dict:
-    # A shortened policy brings expiry forward; nothing ever pushes it later.
-    expires = min(cp.expires_at, cp.created_at + max_age)
+def _checkpoint(cp: Checkpoint, event_ids: dict, max_age: int, now) -> dict:
+    expires = cp.expires_under(max_age)
     state = "deleted" if cp.deleted_at else ("expired" if expires <= now else "live")
     return {
         "id": cp.pk,

@@ -14,7 +14,6 @@ it came from (`fork`), and the worker builds its sandbox from that
 
 from __future__ import annotations
 
-from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -76,8 +75,8 @@ def _from_checkpoint(source: Agent, checkpoint_id: int) -> dict:
     if cp is None:
         raise CommandRefused(404, "checkpoint.not_found", f"Agent {source.id} has no checkpoint {checkpoint_id}.")
     ws = source.workspace
-    expires = min(cp.expires_at, cp.created_at + timedelta(days=ws.checkpoint_max_age_days))
-    usable = (not ws.zero_data_retention and cp.deleted_at is None and expires > timezone.now()
+    usable = (not ws.zero_data_retention and cp.deleted_at is None
+              and cp.expires_under(ws.checkpoint_max_age_days) > timezone.now()
               and cp.path and Path(cp.path).is_file())
     if not usable:
         raise CommandRefused(

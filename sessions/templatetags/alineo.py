@@ -11,6 +11,8 @@ from datetime import datetime, timezone
 from django import template
 from django.utils.html import format_html
 
+from sessions.worker.plans import REBUILD_REASONS
+
 register = template.Library()
 
 # Label, and a glyph so a status never relies on colour alone.
@@ -154,6 +156,45 @@ _TITLES = {
 }
 
 
+# What each rung of the restore ladder did, and why it was taken (the
+# reasons the worker journals: sessions/worker/ladder.py, operations.py, plans.py).
+RUNGS = {
+    "reattach": "Reattached to its running sandbox",
+    "resume": "Restarted its bridge on its session",
+    "restart": "Started its stopped sandbox again, disk intact",
+    "restore": "Restored into a fresh sandbox from a checkpoint",
+    "rebuild": "Rebuilt from the transcript on a fresh sandbox",
+}
+CAUSES = {
+    "control_plane_restart": "after the control plane restarted",
+    "worker_takeover": "after another worker took the agent over",
+    "bridge_unresponsive": "because its bridge stopped answering",
+    "bridge_exited": "because its bridge had exited",
+    "client_resume": "because a client asked to resume it",
+    "sandbox_exited": "because the sandbox had stopped (a reboot or an engine restart)",
+    "sandbox_missing": "because the sandbox was gone",
+    "sandbox_cannot_start": "because the sandbox could not start",
+    "engine_unreachable_from_worker": "because its engine is on a machine this worker cannot reach",
+}
+
+
+@register.filter
+def restore_sentence(data) -> str:
+    """An ``agent.restored`` fact (or the state's last restore) in plain words."""
+    data = data if isinstance(data, dict) else {}
+    rung, reason = data.get("rung"), data.get("reason")
+    text = RUNGS.get(rung, f"Recovered ({rung})")
+    if rung == "restore" and data.get("checkpoint"):
+        text = text.replace("a checkpoint", f"checkpoint {data['checkpoint']}"
+                            + (f" (turn {data['checkpoint_turn']})" if data.get("checkpoint_turn") else ""))
+    cause = CAUSES.get(data.get("cause") or reason)
+    if cause:
+        text += f" {cause}"
+    if rung == "rebuild" and reason in REBUILD_REASONS:
+        text += f"; its files are not back: {REBUILD_REASONS[reason]}"
+    return text + "."
+
+
 @register.filter
 def event_view(event) -> dict:
     """How a transcript row is shown: a title, an optional text, optional raw blocks."""
@@ -180,7 +221,8 @@ def event_view(event) -> dict:
         view["status"] = str(data.get("status", ""))
         view["meta"] = str(data.get("reason", ""))
     elif etype == "agent.restored":
-        view["meta"] = f"rung {data.get('rung', '?')} — {data.get('reason', '')}"
+        view["text"] = restore_sentence(data)
+        view["meta"] = f"rung {data.get('rung', '?')} · {data.get('reason', '')}"
     elif etype in ("turn.finished", "turn.interrupted", "turn.started", "agent.lost"):
         view["text"] = str(data.get("text", "") or data.get("reason", ""))
     elif etype == "agent.spawned":

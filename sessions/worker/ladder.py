@@ -23,8 +23,8 @@ rung is ``agent.lost {reason}``.
    journaled twice and nothing the restored bridge emits is skipped), and its
    turn counter is moved past the transcript's newest turn. Wait-for inputs
    are written again.
-5. **rebuild** — no usable checkpoint (``no_checkpoint``, or
-   ``checkpoint_expired`` when the newest one expired): a fresh sandbox whose
+5. **rebuild** — no usable checkpoint (the reason says what became of the
+   newest one: sessions/worker/plans.py REBUILD_REASONS): a fresh sandbox whose
    bridge starts with ``--seed`` holding the conversation rebuilt from the
    transcript (the seed is part of the sandbox, so a crash cannot leave an
    unseeded bridge behind).

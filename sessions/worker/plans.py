@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from sandboxes import archive
 from sandboxes.launch import Fresh
-from sessions.models import Checkpoint
+from sessions.models import Checkpoint, Event
 
 from .context import AgentInfo
 from .settling import conversation_events, seed_conversation, settle_facts
@@ -59,23 +59,55 @@ def _rebuild(events, reason: str, settle_reason: str = "sandbox_lost") -> Plan:
     return Plan("rebuild", reason, seed=seed_conversation(settled), max_turn=_max_turn(events))
 
 
+#: Why a fresh sandbox starts from the transcript, not from a checkpoint.
+REBUILD_REASONS = {
+    "no_checkpoint": "it never took a checkpoint",
+    "checkpoint_expired": "its newest checkpoint had expired",
+    "checkpoint_deleted": "its newest checkpoint was deleted by an operator",
+    "checkpoint_missing": "the file of its newest checkpoint is gone",
+    "checkpoint_unusable": "its checkpoint could not be used (damaged or unsafe)",
+    "zero_data_retention": "its workspace keeps no checkpoints (zero data retention)",
+}
+
+
 @database_sync_to_async
 def for_recovery(info: AgentInfo, *, skip_checkpoints: bool = False,
                  reason: str | None = None) -> Plan:
-    """Restore from the newest usable checkpoint (not deleted, not expired,
-    file present), else rebuild (``no_checkpoint``, or ``checkpoint_expired``
-    when the newest one expired)."""
+    """Restore from the newest usable checkpoint (not deleted, not expired
+    by its date or the workspace's policy, file present), else rebuild, saying
+    why from the agent's history (:data:`REBUILD_REASONS`)."""
     events = conversation_events(info.id)
-    if not skip_checkpoints and not info.zero_retention:
-        now = timezone.now()
-        rows = list(Checkpoint.objects.filter(agent_id=info.id, deleted_at__isnull=True)
-                    .order_by("-created_at", "-id")[:20])
-        for row in rows:
-            if row.expires_at > now and row.path and Path(row.path).is_file():
-                return _from_checkpoint(row, "sandbox_missing", _max_turn(events))
-        if rows and rows[0].expires_at <= now:
-            reason = reason or "checkpoint_expired"
-    return _rebuild(events, reason or "no_checkpoint")
+    if skip_checkpoints:
+        return _rebuild(events, reason or "checkpoint_unusable")
+    now = timezone.now()
+    rows = list(Checkpoint.objects.filter(agent_id=info.id).order_by("-created_at", "-id")[:20])
+    for row in rows if not info.zero_retention else ():
+        if (row.deleted_at is None and row.expires_under(info.max_age_days) > now and row.path
+                and Path(row.path).is_file()):
+            return _from_checkpoint(row, "sandbox_missing", _max_turn(events))
+    return _rebuild(events, reason or _without_checkpoint(info, rows[0] if rows else None, now))
+
+
+def _without_checkpoint(info: AgentInfo, newest: Checkpoint | None, now) -> str:
+    """What became of the agent's newest checkpoint — the rows keep their
+    metadata after a sweep, and the transcript says who removed it and why."""
+    if newest is None:
+        return "no_checkpoint"
+    removed = (Event.objects.filter(agent_id=info.id, type__in=REMOVED, data__checkpoint=newest.pk)
+               .order_by("-seq").values_list("type", "data").first())
+    if info.zero_retention or (removed and removed[1].get("reason") == "zero_data_retention"):
+        return "zero_data_retention"
+    if removed and removed[0] == "agent.checkpoint_deleted":
+        return "checkpoint_deleted"
+    if removed or newest.expires_under(info.max_age_days) <= now:
+        return "checkpoint_expired"
+    if newest.deleted_at is not None:
+        return "checkpoint_deleted"  # removed without a fact, by an older release
+    return "checkpoint_missing"
+
+
+#: The facts that say a checkpoint was removed (the sweep's, an operator's).
+REMOVED = ("agent.checkpoint_expired", "agent.checkpoint_deleted")
 
 
 @database_sync_to_async

@@ -4,8 +4,7 @@ written again into the fresh sandbox the restore ladder builds: docker at
 
 from __future__ import annotations
 
-from tests.integration.test_memory_survives import remove_sandbox
-from tests.integration.worlds import events_of
+from tests.integration.worlds import events_of, remove_sandbox
 
 
 def test_inputs_are_written_again_into_a_restored_sandbox(world):

@@ -8,23 +8,12 @@ from __future__ import annotations
 import json
 import uuid
 
-from tests.integration.worlds import events_of
+from tests.integration.worlds import events_of, remove_sandbox
 from tests.unit.bridge.fake_models import SSE, FakeModelServer, openai_events
 
 
 def _memory_call(call_id: str, args: dict) -> SSE:
     return SSE(openai_events([], [(call_id, "memory", [json.dumps(args)])]))
-
-
-def remove_sandbox(world, sandbox_id: str) -> None:
-    if world.kind == "docker":
-        from sandboxes.backends.docker import DockerBackend
-
-        DockerBackend().remove(sandbox_id)
-    else:
-        from sandboxes.backends.local import LocalBackend
-
-        LocalBackend(root=world.server.data_dir / "sandboxes").remove(sandbox_id)
 
 
 def test_memory_survives_the_loss_of_the_sandbox(world):

@@ -1,7 +1,7 @@
 import pytest
 from django.utils import timezone
 
-from sessions.models import Checkpoint, Workspace
+from sessions.models import Checkpoint, Event, Workspace
 
 pytestmark = pytest.mark.django_db
 
@@ -65,12 +65,31 @@ def test_checkpoint_list_filters_and_actions(admin_client, workspace, agent, tmp
     live.refresh_from_db()
     assert live.expires_at <= timezone.now() and live.deleted_at is None
 
-    archive = settings.DATA_DIR / "cp-test.tar.zst"
+    archive = settings.DATA_DIR / "checkpoints" / agent.id / "cp-test.tar.zst"
+    archive.parent.mkdir(parents=True, exist_ok=True)
     archive.write_bytes(b"x")
     Checkpoint.objects.filter(pk=live.pk).update(path=str(archive))
     admin_client.post(url, {"action": "delete_now", "_selected_action": [live.pk]})
     live.refresh_from_db()
     assert live.deleted_at is not None and not archive.exists()
+    # The transcript says who deleted it (a rebuild after it says checkpoint_deleted).
+    facts = list(Event.objects.filter(agent=agent, type="agent.checkpoint_deleted")
+                 .values_list("data", flat=True))
+    assert facts == [{"checkpoint": live.pk, "turn": 1, "by": "root"}]
+    admin_client.post(url, {"action": "delete_now", "_selected_action": [live.pk]})
+    assert Event.objects.filter(agent=agent, type="agent.checkpoint_deleted").count() == 1
+
+
+def test_delete_now_deletes_no_file_outside_the_checkpoints(admin_client, agent, settings):
+    elsewhere = settings.DATA_DIR / "secret_key-copy"
+    elsewhere.write_bytes(b"keep me")
+    cp = Checkpoint.objects.create(agent=agent, sandbox_id="sb", turn=1, through_seq=1,
+                                   path=str(elsewhere),
+                                   expires_at=timezone.now() + timezone.timedelta(days=3))
+    admin_client.post("/admin/agent_sessions/checkpoint/",
+                      {"action": "delete_now", "_selected_action": [cp.pk]})
+    cp.refresh_from_db()
+    assert cp.deleted_at is not None and elsewhere.read_bytes() == b"keep me"
 
 
 def test_non_staff_cannot_reach_admin(client, owner, workspace):
