@@ -73,7 +73,7 @@ def envlabels(name: str) -> dict[str, str]:
 
 
 DATA_DIR = Path(envstr("ALINEO_DATA_DIR", str(BASE_DIR / "var"))).resolve()
-DATA_DIR.mkdir(parents=True, exist_ok=True)
+DATA_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)  # private: sandboxes/config.py
 
 
 def _secret_key() -> str:
@@ -229,6 +229,10 @@ ALINEO_DOCKER_HOST_TAR = envbool("ALINEO_DOCKER_HOST_TAR", True)
 # The Debian mirror the base image is built from (default: this machine's apt sources).
 ALINEO_DEBIAN_MIRROR = envstr("ALINEO_DEBIAN_MIRROR").rstrip("/")
 ALINEO_DEBIAN_SECURITY_MIRROR = envstr("ALINEO_DEBIAN_SECURITY_MIRROR").rstrip("/")
+# The most a home written into a sandbox (a restore, a fork) may hold: a
+# checkpoint past it is refused as unusable (the agent is rebuilt instead).
+ALINEO_RESTORE_MAX_BYTES = envint("ALINEO_RESTORE_MAX_BYTES", 8 << 30)
+ALINEO_RESTORE_MAX_ENTRIES = envint("ALINEO_RESTORE_MAX_ENTRIES", 1_000_000)
 # The port `manage.py serve` listens on without --port.
 PORT = envint("PORT", 8000)
 # `manage.py ensure_admin`: the first admin's password (else one is generated and printed once).

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Iterable, NamedTuple, Sequence
 
 from sandboxes import config
+from sandboxes.errors import SandboxError
 from sandboxes.safe_tar import as_fileobj, iter_chunks
 
 log = logging.getLogger(__name__)
@@ -199,8 +200,23 @@ def rotate_rows(rows: Sequence, keep: int = KEEP_CHECKPOINTS) -> list:
 # --- the bridge's session file inside a checkpoint ---------------------------------------
 
 
+#: The largest session file read back from a checkpoint (it came from the sandbox).
+MAX_SESSION_BYTES = 256 << 20
+
+
+class CheckpointUnreadable(SandboxError):
+    """The checkpoint file is not a zstd tar this control plane can read."""
+
+    permanent_default = True
+
+
 def session_in(path: str | os.PathLike) -> dict | None:
-    """The bridge's session file inside a checkpoint (zstd tar), or None."""
+    """The bridge's session file inside a checkpoint (zstd tar), or None when
+    there is none or it is not one a bridge wrote: the checkpoint came from
+    inside a sandbox, so the member is read streaming, no larger than
+    :data:`MAX_SESSION_BYTES`, and the fields the control plane uses are
+    checked (:func:`usable_session`). Raises CheckpointUnreadable when the
+    file itself cannot be read."""
     import zstandard
 
     try:
@@ -210,10 +226,36 @@ def session_in(path: str | os.PathLike) -> dict | None:
                 for member in tar:
                     name = member.name.removeprefix("./")
                     if name == SESSION_MEMBER and member.isfile():
-                        return json.loads(tar.extractfile(member).read())
-    except (OSError, ValueError, tarfile.TarError, zstandard.ZstdError) as exc:
-        log.warning("cannot read the session file in %s: %s", path, exc)
+                        return _read_session(tar, member, path)
+    except (OSError, tarfile.TarError, zstandard.ZstdError) as exc:
+        raise CheckpointUnreadable(f"cannot read {path}: {exc}") from exc
+    except ValueError as exc:  # the member is not JSON
+        log.warning("the session file in %s is not JSON: %s", path, exc)
     return None
+
+
+def _read_session(tar: tarfile.TarFile, member: tarfile.TarInfo, path) -> dict | None:
+    if member.size > MAX_SESSION_BYTES:
+        log.warning("the session file in %s is %d bytes: not read", path, member.size)
+        return None
+    session = json.loads(tar.extractfile(member).read(MAX_SESSION_BYTES + 1))
+    if not usable_session(session):
+        log.warning("the session file in %s is not one a bridge wrote", path)
+        return None
+    return session
+
+
+def usable_session(session) -> bool:
+    """The fields a restore relies on are what a bridge writes (docs/BRIDGE.md)."""
+    if not isinstance(session, dict):
+        return False
+    sid, current = session.get("session_id"), session.get("current")
+    counters = [session.get(k) for k in ("bseq", "turns")]
+    return (isinstance(sid, str) and 0 < len(sid) <= 1024
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counters)
+            and (current is None or (isinstance(current, dict)
+                                     and isinstance(current.get("turn"), int)
+                                     and not isinstance(current.get("turn"), bool))))
 
 
 def session_file_tar(session: dict) -> bytes:

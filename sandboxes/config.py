@@ -14,8 +14,16 @@ The data dir's layout is spelled out here and nowhere else::
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+#: Only the control plane's user reaches the data dir: it holds the database
+#: (credential values), the secret key, checkpoints and the bridges' sockets.
+PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
+#: What the control plane tightens at start (the sandboxes' own homes are theirs).
+_PRIVATE_TREES = ("checkpoints", "inputs", "locks", "sandbox-sessions")
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,38 @@ class DataDir:
     @property
     def locks(self) -> Path:
         return self.root / "locks"
+
+    def tighten(self) -> list[str]:
+        """Make the data dir private (0700, its files 0600), also when an older
+        release made it world-readable; returns what was changed. Files made
+        afterwards by this process are private too (umask 077)."""
+        os.umask(0o077)
+        changed = []
+        for path in self._private_paths():
+            try:
+                mode = stat.S_IMODE(path.lstat().st_mode)
+            except FileNotFoundError:
+                continue
+            want = (PRIVATE_DIR if path.is_dir() and not path.is_symlink() else PRIVATE_FILE)
+            if path.is_symlink() or path.stat().st_uid != os.geteuid() or mode & 0o077 == 0:
+                continue
+            path.chmod(mode & ~0o077 if mode & 0o700 else want)
+            changed.append(str(path))
+        return changed
+
+    def _private_paths(self):
+        yield self.root
+        for entry in self.root.iterdir() if self.root.is_dir() else ():
+            yield entry
+            if entry.name in _PRIVATE_TREES and entry.is_dir() and not entry.is_symlink():
+                yield from entry.rglob("*")
+
+    def exposed(self) -> bool:
+        """True when another user could read the data dir."""
+        try:
+            return bool(stat.S_IMODE(self.root.stat().st_mode) & 0o077)
+        except FileNotFoundError:
+            return False
 
 
 def _settings():
@@ -82,3 +122,10 @@ def docker_host_tar() -> bool:
     """ALINEO_DOCKER_HOST_TAR: may a root control plane tar a container's home
     from the host side (sandboxes/backends/docker.py explains the fast path)."""
     return _settings().ALINEO_DOCKER_HOST_TAR
+
+
+def restore_caps() -> tuple[int, int]:
+    """ALINEO_RESTORE_MAX_BYTES and ALINEO_RESTORE_MAX_ENTRIES: the most a home
+    written into a sandbox (a restore, a fork) may hold."""
+    s = _settings()
+    return s.ALINEO_RESTORE_MAX_BYTES, s.ALINEO_RESTORE_MAX_ENTRIES

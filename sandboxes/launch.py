@@ -120,7 +120,9 @@ def prepare_run_dir(backend: SandboxBackend, launch: Launch, seed: dict | None) 
     shutil.copytree(BRIDGE_SRC, run / "bridge", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     spec = launch.spec
     bridge_config = {"agent_id": launch.agent_id, "model": spec.get("model", "demo"),
-                     "tools": spec.get("tools"), "hooks": spec.get("hooks") or {}}
+                     "tools": spec.get("tools"), "hooks": spec.get("hooks") or {},
+                     # Names only: the bridge redacts these values from what it writes.
+                     "redact": [{"name": s.name, "env": s.env} for s in launch.secrets]}
     (run / "config.json").write_text(json.dumps(bridge_config, indent=1))
     sock = run / "bridge.sock"
     if len(str(sock).encode()) > MAX_SOCKET_PATH:
@@ -185,11 +187,11 @@ def build_fresh(backend: SandboxBackend, launch: Launch, fresh: Fresh) -> str:
 def _restore_into(backend: SandboxBackend, sid: str, fresh: Fresh) -> None:
     try:
         archive.restore_checkpoint(backend, sid, fresh.checkpoint)
+        session = archive.session_in(fresh.checkpoint)
     except (BackendUnavailable, SandboxNotFound):
         raise
-    except Exception as exc:  # unsafe, truncated, not zstd ...
+    except Exception as exc:  # unsafe, truncated, not zstd, past the restore caps ...
         raise CheckpointUnusable(f"{type(exc).__name__}: {exc}") from exc
-    session = archive.session_in(fresh.checkpoint)
     if session is not None and int(session.get("turns") or 0) < fresh.max_turn:
         # Turns after the checkpoint were journaled (and settled): number the
         # next one after them, as the lost sandbox would have.

@@ -69,9 +69,10 @@ def iter_chunks(fileobj, size: int = 1 << 20) -> Iterator[bytes]:
         yield chunk
 
 
-def check_tar(stream, dest: str = "the destination") -> ExtractStats:
-    """Validate a whole tar stream without writing anything; raises UnsafeArchive."""
-    rules = TarRules()
+def check_tar(stream, dest: str = "the destination", caps: tuple = (None, None)) -> ExtractStats:
+    """Validate a whole tar stream without writing anything; raises UnsafeArchive.
+    ``caps``: (the most bytes of files, the most entries) it may hold, or None."""
+    rules = TarRules(*caps)
     fileobj = as_fileobj(stream)
     seekable = getattr(fileobj, "seekable", lambda: False)()
     # A seekable file is read header by header, seeking over the data.
@@ -124,8 +125,8 @@ class _StreamValidator:
     ``group`` is where pending extension headers began (they go out only
     together with the entry they describe, once it passed)."""
 
-    def __init__(self, chunks: Iterable[bytes]):
-        self.rules = TarRules()
+    def __init__(self, chunks: Iterable[bytes], caps: tuple = (None, None)):
+        self.rules = TarRules(*caps)
         self.chunks = iter(chunks)
         self.buf, self.pos, self.out = b"", 0, 0
         self.group: int | None = None
@@ -227,14 +228,15 @@ class _StreamValidator:
             self.out = self.pos
 
 
-def validated_tar(chunks: Iterable[bytes]) -> Iterator[bytes]:
+def validated_tar(chunks: Iterable[bytes], caps: tuple = (None, None)) -> Iterator[bytes]:
     """Pass an uncompressed tar stream through, member by member, each one only
     after its header passed the extraction rules (the same as :func:`check_tar`);
     raise UnsafeArchive at the first entry that fails, before any of its bytes
     were yielded. Lets a consumer (docker's put_archive) extract while the stream
     is checked, instead of spooling and checking it first. Stops after the
-    end-of-archive marker; a stream that ends without one raises."""
-    yield from _StreamValidator(chunks).run()
+    end-of-archive marker; a stream that ends without one raises. ``caps`` as
+    for :func:`check_tar`."""
+    yield from _StreamValidator(chunks, caps).run()
 
 
 # --- extraction ----------------------------------------------------------------------
@@ -280,9 +282,9 @@ class _Extractor:
     disk (a directory in ``dest`` may already be a symlink, placed there by an
     earlier extraction or by the sandbox itself)."""
 
-    def __init__(self, dest: str):
+    def __init__(self, dest: str, caps: tuple = (None, None)):
         self.dest = dest
-        self.rules = TarRules()
+        self.rules = TarRules(*caps)
         self.created_links: list[str] = []
         self.dir_attrs: list[tuple[str, int, float]] = []
 
@@ -359,16 +361,17 @@ class _Extractor:
                 raise unsafe_entry(rel, f"symlink resolves to {real!r}, outside the destination")
 
 
-def safe_extract(stream, dest: str | os.PathLike) -> ExtractStats:
+def safe_extract(stream, dest: str | os.PathLike, caps: tuple = (None, None)) -> ExtractStats:
     """Extract an uncompressed tar (bytes, a file object or an iterable of
     chunks) into ``dest``. Raises UnsafeArchive at the first entry that would
     escape ``dest``; what was extracted before it stays, all of it inside
     ``dest``. Callers that need all-or-nothing extract into a fresh directory
     and rename it. Setuid/setgid bits are dropped; ownership is not restored.
-    ``dest`` must not be changed by others while this runs."""
+    ``dest`` must not be changed by others while this runs. ``caps`` as for
+    :func:`check_tar`."""
     dest = os.path.realpath(os.fspath(dest))
     os.makedirs(dest, exist_ok=True)
-    extractor = _Extractor(dest)
+    extractor = _Extractor(dest, caps)
     with tarfile.open(fileobj=as_fileobj(stream), mode="r|") as tf:
         for member in tf:
             extractor.extract(tf, member)

@@ -163,10 +163,12 @@ class TarRules:
     every link. So a stream can be forwarded member by member, each one only
     after it passed (:func:`validated_tar`)."""
 
-    def __init__(self):
+    def __init__(self, max_bytes: int | None = None, max_members: int | None = None):
         self.stats = ExtractStats()
         self.links: dict[str, str] = {}
         self.traversed: set[str] = set()
+        # A home is the sandbox's to fill: a restore must not fill the host's disk.
+        self.max_bytes, self.max_members = max_bytes, max_members
 
     def check(self, member: tarfile.TarInfo) -> str:
         """Refuse ``member`` (UnsafeArchive) or record it; returns its clean
@@ -184,7 +186,17 @@ class TarRules:
         elif self.links.pop(name, None) is not None:  # a symlink replaced by another entry
             self._links_changed(name)
         _count(self.stats, member)
+        self._check_size(member)
         return name
+
+    def _check_size(self, member: tarfile.TarInfo) -> None:
+        s = self.stats
+        if self.max_bytes is not None and s.bytes > self.max_bytes:
+            raise unsafe_entry(member.name, f"takes the archive past {self.max_bytes} bytes of "
+                                            "files (the restore size cap, ALINEO_RESTORE_MAX_BYTES)")
+        if self.max_members is not None and s.files + s.dirs + s.links > self.max_members:
+            raise unsafe_entry(member.name, f"is past {self.max_members} entries (the restore "
+                                            "cap, ALINEO_RESTORE_MAX_ENTRIES)")
 
     def _add_symlink(self, name: str, target: str) -> None:
         self.links[name] = target

@@ -7,6 +7,8 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 
+from sandboxes import config
+
 
 @register()
 def channel_layer_check(app_configs, **kwargs):
@@ -137,3 +139,17 @@ def misspelt_setting_check(app_configs, **kwargs):
                 id="alineo.E005",
             ))
     return errors
+
+
+@register()
+def private_data_dir_check(app_configs, **kwargs):
+    """The data dir holds the database (credential values), the secret key,
+    checkpoints and the bridges' sockets: no other user may read it."""
+    if not config.data_dir().exposed():
+        return []
+    return [Warning(
+        f"ALINEO_DATA_DIR ({settings.DATA_DIR}) can be read by other users.",
+        hint="`manage.py serve` and `runworker` make it private (0700, files 0600) at start; "
+        f"or run: chmod -R go-rwx {settings.DATA_DIR}",
+        id="alineo.W006",
+    )]

@@ -63,3 +63,39 @@ def redact(value: Any, secrets: list[Secret]) -> Any:
     if isinstance(value, list):
         return [redact(v, secrets) for v in value]
     return value
+
+
+class StreamRedactor:
+    """Redaction of what a bridge reports, also when a bound value is split
+    across the ``message.delta`` chunks of a reply: a delta's tail that could
+    be the start of a value is held back and put before the next delta of the
+    same turn. What is held back when the step ends is dropped — the step's
+    whole text follows in ``message.assistant`` (and the turn's in
+    ``turn.finished``/``turn.interrupted``), redacted whole — so a value never
+    reaches the transcript in pieces."""
+
+    def __init__(self, secrets: list[Secret] | tuple[Secret, ...] | None):
+        self.secrets = [s for s in secrets or () if len(s.value) >= MIN_REDACT_LEN]
+        self.carry: dict[Any, str] = {}
+
+    def redact(self, etype: str, data: dict) -> dict:
+        turn = data.get("turn")
+        if etype != "message.delta" or not isinstance(data.get("text"), str):
+            self.carry.pop(turn, None)
+            return redact(data, self.secrets)
+        text = redact(self.carry.pop(turn, "") + data["text"], self.secrets)
+        held = self._held(text)
+        if held:
+            self.carry[turn] = text[-held:]
+            text = text[:-held]
+        return {**redact(data, self.secrets), "text": text}
+
+    def _held(self, text: str) -> int:
+        """The length of the longest tail of ``text`` that begins a bound value."""
+        longest = 0
+        for secret in self.secrets:
+            for n in range(min(len(secret.value) - 1, len(text)), longest, -1):
+                if text.endswith(secret.value[:n]):
+                    longest = n
+                    break
+        return longest

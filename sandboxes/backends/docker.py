@@ -78,7 +78,16 @@ class DockerBackend(SandboxBackend):
         return ["python3", "-m", "bridge", "--run-dir", CONTAINER_RUN_DIR, "--home", HOME]
 
     def share_run_dir(self, run_dir: Path) -> None:
-        run_dir.chmod(0o777)  # the bridge may run as another uid than the control plane
+        """The container's root has no capabilities (no DAC_OVERRIDE): it reaches
+        the bind-mounted run dir by its mode bits alone. A root control plane
+        shares its uid: 0700. Any other must let it create its socket and read
+        the bridge (1733, files a+r); the data dir's 0700 keeps other users out."""
+        if os.geteuid() == 0:
+            run_dir.chmod(0o700)
+            return
+        run_dir.chmod(0o1733)
+        for path in run_dir.rglob("*"):
+            path.chmod(path.stat().st_mode | (0o755 if path.is_dir() else 0o644))
 
     def install_inputs(self, sandbox_id: str, staged: str) -> None:
         """``<staged>/*.txt`` to ``/inputs/`` and ``<staged>/inputs.json`` to ``/inputs.json``."""
@@ -344,7 +353,8 @@ class DockerBackend(SandboxBackend):
         before it stay, all inside the home). Checking while streaming saves
         the spool-then-check pass (~0.3 s for 5,000 files)."""
         with self._errors(sandbox_id):
-            self.stream_client.api.put_archive(sandbox_id, HOME, validated_tar(tar_chunks))
+            self.stream_client.api.put_archive(sandbox_id, HOME, validated_tar(
+                tar_chunks, config.restore_caps()))
 
     def commit(self, sandbox_id: str, tag: str, *,
                labels: Mapping[str, str] | None = None) -> str:

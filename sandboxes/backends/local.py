@@ -292,7 +292,7 @@ class LocalBackend(SandboxBackend):
 
     def write_home(self, sandbox_id: str, tar_chunks: Iterable[bytes]) -> None:
         self._existing(sandbox_id)
-        safe_extract(as_fileobj(tar_chunks), self.home(sandbox_id))
+        safe_extract(as_fileobj(tar_chunks), self.home(sandbox_id), config.restore_caps())
 
     def commit(self, sandbox_id: str, tag: str, *,
                labels: Mapping[str, str] | None = None) -> str:

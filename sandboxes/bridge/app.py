@@ -12,6 +12,7 @@ from pathlib import Path
 from . import config as cfg
 from .hooks import Hooks
 from .ops import Ops
+from .redact import RedactingFilter, Redactor
 from .providers import make_provider
 from .requests import Requests
 from .runner import SYSTEM_PROMPT, Runner
@@ -35,7 +36,9 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as exc:
         log.error("bad configuration: %s", exc)
         return EXIT_CONFIG
-    file = SessionFile(args.home)
+    redactor = Redactor.from_config(config, os.environ, cfg.secret_env_names(config))
+    log.addFilter(RedactingFilter(redactor))
+    file = SessionFile(args.home, redactor)
     try:
         file.acquire()
     except SessionLocked as exc:

@@ -17,6 +17,7 @@ DEFAULTS = {
     "hooks": {},          # session_start, pre_tool_use, stop: shell commands
     "limits": {},         # bash_timeout, bash_timeout_max, request_timeout, max_steps
     "system": None,       # system prompt override
+    "redact": [],         # bound credentials [{"name", "env"}]: their values never written
 }
 
 SECRET_ENV_DEFAULTS = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}

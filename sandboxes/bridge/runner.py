@@ -292,8 +292,12 @@ class Runner:
             self._delta_buf += text
             due = time.monotonic() - self._delta_at >= DELTA_SECONDS
             if len(self._delta_buf) >= DELTA_CHARS or due:
-                self.session.emit("message.delta", {"turn": turn, "text": self._delta_buf})
-                self._delta_buf, self._delta_at = "", time.monotonic()
+                # A tail that could begin a bound value waits for the next
+                # chunk, so no value is ever written in two pieces (redact.py).
+                held = self.session.file.redactor.held(self._delta_buf)
+                text = self._delta_buf[:len(self._delta_buf) - held]
+                self.session.emit("message.delta", {"turn": turn, "text": text})
+                self._delta_buf, self._delta_at = self._delta_buf[len(text):], time.monotonic()
                 self.session.commit()
 
     def _checkpoint(self, turn: int, result) -> list[dict] | None:

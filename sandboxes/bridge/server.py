@@ -74,6 +74,16 @@ def _error(rid, error: ErrorInfo) -> dict:
     return error_answer(rid, error)
 
 
+def socket_mode(run_dir: str) -> int:
+    """Only the control plane may drive a bridge. When the run dir is ours (the
+    control plane runs as the uid we run as, or the dir was made for us), the
+    socket is 0600. Otherwise — a non-root control plane with a container
+    whose bridge runs as root — it must be 0666 for the control plane to
+    connect, and the data dir around it (0700, sandboxes/config.py) is what
+    keeps other users out: no one else can reach the path."""
+    return 0o600 if os.stat(run_dir).st_uid == os.getuid() else 0o666
+
+
 class BridgeServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     allow_reuse_address = False
@@ -90,5 +100,4 @@ class BridgeServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             pass
         self.ops = ops
         super().__init__(path, _Handler)
-        # The control plane may run as another user than the sandbox's.
-        os.chmod(path, 0o666)
+        os.chmod(path, socket_mode(os.path.dirname(path)))

@@ -18,6 +18,8 @@ import secrets
 import threading
 from pathlib import Path
 
+from .redact import Redactor
+
 FORMAT_VERSION = 1
 
 #: How many prompt command ids are remembered for de-duplication.
@@ -52,9 +54,10 @@ def new_state() -> dict:
 class SessionFile:
     """Atomic load/save of the session file, plus the single-bridge lock."""
 
-    def __init__(self, home: str | os.PathLike):
+    def __init__(self, home: str | os.PathLike, redactor: Redactor | None = None):
         self.dir = Path(home) / ".alineo"
         self.path = self.dir / "session.json"
+        self.redactor = redactor or Redactor()
         self._lock_fh = None
 
     def acquire(self) -> None:
@@ -85,7 +88,9 @@ class SessionFile:
     def save(self, state: dict) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".session.json.{os.getpid()}.tmp")
-        data = json.dumps(state, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        # Bound values never reach the file: a checkpoint (a tar of the home)
+        # carries it into forks and backups.
+        data = self.redactor.dumps(state).encode("utf-8")
         with open(tmp, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -119,7 +124,8 @@ class Session:
     def emit(self, type_: str, data: dict) -> dict:
         """Number an event and queue it in the outbox (visible after commit)."""
         self.state["bseq"] += 1
-        event = {"bseq": self.state["bseq"], "type": type_, "ts": utcnow(), "data": data}
+        event = {"bseq": self.state["bseq"], "type": type_, "ts": utcnow(),
+                 "data": self.file.redactor.value(data)}
         self.state["outbox"].append(event)
         return event
 

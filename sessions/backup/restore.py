@@ -41,6 +41,7 @@ from django.db import connection, connections
 from django.utils import timezone as djtz
 
 from sandboxes.backends import docker_engine_answers
+from sessions.backup import credentials
 from sessions.backup.format import BackupError, BundleRefused, fsync_path
 from sessions.backup.verify import verify_bundle
 from sessions.backup.write import (
@@ -311,6 +312,9 @@ def _report(out: Restored, engine: str, manifest: dict, db_file: Path | None, sa
     say(f"restored {out.files} file(s) into {out.data_dir}; {out.rewritten} checkpoint path(s) point here"
         + (f"; {out.marked_deleted} checkpoint row(s) whose file was not in the bundle marked deleted"
            if out.marked_deleted else ""))
+    left_out = credentials.note(dbm)
+    if left_out:
+        out.notes.append(left_out)
     for note in out.notes:
         say(f"note: {note}")
     say("start the server: each agent's sandbox from the old machine is missing here, and the "

@@ -46,6 +46,7 @@ from django.db import connections
 from sandboxes.backends import docker_engine_answers, get_backend, resolve_backend_name
 from sandboxes.images import resolve_image
 from sandboxes.setup import needs_setup, setup_key, setup_ref
+from sessions.backup import credentials
 from sessions.backup.format import (
     BUNDLE_PREFIX,
     CHUNK,
@@ -155,7 +156,8 @@ def dump_postgres(db: dict, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     env, argv = pg_env_argv(db)
     proc = subprocess.run(["pg_dump", "-Fc", "--no-owner", "--no-privileges", "-f", str(dest),
-                           *argv, "-d", str(db["NAME"])], env=env, capture_output=True, text=True, check=False)
+                           *credentials.PG_DUMP_ARGS, *argv, "-d", str(db["NAME"])],
+                          env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise BackupError(f"pg_dump failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
     with open(dest, "rb+") as fh:
@@ -348,15 +350,18 @@ def _copy_database(db: dict, tmp: Path, say: Log) -> tuple[dict, list[tuple], li
     if engine == "sqlite":
         copy_sqlite_online(sqlite_path(db), tmp / SQLITE_NAME)
         db_rel = SQLITE_NAME
+        left_out = credentials.left_out_of_sqlite(tmp / SQLITE_NAME)
         cps, agents, counts = _rows_from_sqlite(tmp / SQLITE_NAME)
     else:
         dump_postgres(db, tmp / PGDUMP_NAME)
         db_rel = PGDUMP_NAME
+        left_out = credentials.left_out_of_postgres()
         cps, agents, counts = _rows_from_orm()
     digest, size = sha256_file(tmp / db_rel)
     say(f"database ({engine}): {size / 1e6:.1f} MB, {counts['agents']} agents, "
         f"{counts['events']} events, copied online in {time.monotonic() - t0:.2f} s")
-    entry = {"engine": engine, "file": db_rel, "sha256": digest, "bytes": size, **counts}
+    entry = {"engine": engine, "file": db_rel, "sha256": digest, "bytes": size, **counts,
+             "credentials_left_out": left_out}
     return entry, cps, agents
 
 

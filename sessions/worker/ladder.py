@@ -217,7 +217,7 @@ async def _build_with_fallbacks(info: AgentInfo, backend: SandboxBackend,
             log.warning("agent %s: checkpoint %s unusable (%s): rebuilding", info.id,
                         plan.checkpoint, exc)
             plan = await plans.for_recovery(info, skip_checkpoints=True, reason="checkpoint_unusable")
-            plan.extra["cause"] = why
+            plan.extra.update(cause=why, refused=str(exc)[:500])  # e.g. the restore size cap
             continue
         except ImageMissing as exc:
             if not await asyncio.to_thread(_rebuild_image, info.spec):

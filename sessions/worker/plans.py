@@ -44,13 +44,17 @@ def _max_turn(events) -> int:
                 if e["type"] == "turn.started"), default=0)
 
 
-def _from_checkpoint(row: Checkpoint, reason: str, max_turn: int) -> Plan:
-    session = archive.session_in(row.path) or {}
-    current = session.get("current") or None
+def _from_checkpoint(row: Checkpoint, reason: str, max_turn: int) -> Plan | None:
+    """Restore from ``row``; None when it holds no usable bridge session (the
+    disk alone would start the conversation over, silently). Raises
+    CheckpointUnreadable when its file cannot be read."""
+    session = archive.session_in(row.path)
+    if session is None:
+        return None
+    current = session.get("current")
     return Plan("restore", reason, {"id": row.pk, "path": row.path, "turn": row.turn},
-                max_turn=max_turn, cp_session=str(session.get("session_id") or ""),
-                cp_head=int(session.get("bseq") or 0),
-                cp_current_turn=(current or {}).get("turn") if current else None)
+                max_turn=max_turn, cp_session=session["session_id"], cp_head=session["bseq"],
+                cp_current_turn=current.get("turn") if current else None)
 
 
 def _rebuild(events, reason: str, settle_reason: str = "sandbox_lost") -> Plan:
@@ -66,6 +70,7 @@ REBUILD_REASONS = {
     "checkpoint_deleted": "its newest checkpoint was deleted by an operator",
     "checkpoint_missing": "the file of its newest checkpoint is gone",
     "checkpoint_unusable": "its checkpoint could not be used (damaged or unsafe)",
+    "checkpoint_without_session": "its checkpoint holds no bridge session to resume",
     "zero_data_retention": "its workspace keeps no checkpoints (zero data retention)",
 }
 
@@ -84,7 +89,11 @@ def for_recovery(info: AgentInfo, *, skip_checkpoints: bool = False,
     for row in rows if not info.zero_retention else ():
         if (row.deleted_at is None and row.expires_under(info.max_age_days) > now and row.path
                 and Path(row.path).is_file()):
-            return _from_checkpoint(row, "sandbox_missing", _max_turn(events))
+            try:
+                plan = _from_checkpoint(row, "sandbox_missing", _max_turn(events))
+            except archive.CheckpointUnreadable:
+                return _rebuild(events, reason or "checkpoint_unusable")
+            return plan or _rebuild(events, reason or "checkpoint_without_session")
     return _rebuild(events, reason or _without_checkpoint(info, rows[0] if rows else None, now))
 
 
@@ -117,8 +126,16 @@ def for_fork(origin: dict) -> Plan:
     source = origin["agent"]
     if origin.get("checkpoint"):
         row = Checkpoint.objects.get(pk=origin["checkpoint"], agent_id=source)
-        plan = _from_checkpoint(row, "fork", row.turn)
-        plan.cp_current_turn = None
-        return plan
+        try:
+            plan = _from_checkpoint(row, "fork", row.turn)
+        except archive.CheckpointUnreadable:
+            plan = None
+        if plan is not None:
+            plan.cp_current_turn = None
+            return plan
+        # No session to resume (or no readable file): the disk would come without
+        # its conversation; fork the conversation through its boundary instead.
+        events = conversation_events(source, through=row.through_seq)
+        return _rebuild(events, "fork", settle_reason="forked")
     events = conversation_events(source, through=int(origin["at_event"]))
     return _rebuild(events, "fork", settle_reason="forked")

@@ -9,6 +9,10 @@ that dies anywhere in between re-reads the page from the old cursor (the
 bridge keeps unacked events) and journals it once: either the transaction
 committed (cursor moved, nothing is re-journaled) or it did not (nothing was).
 
+Only what a sandbox may write is journaled (sessions/worker/admission.py: a
+refused event becomes ``bridge.refused``), with bound secrets redacted, also
+when split across delta chunks (sessions/credentials.py StreamRedactor).
+
 After a page is committed the relay answers what it asked for:
 ``request.spawn`` (a child agent, through sessions.commands.spawn_child with an
 Idempotency-Key derived from the bridge session and request id),
@@ -29,7 +33,7 @@ from sandboxes.bridge_client import BridgeError, BridgeRequestError
 from sessions import commands, credentials, journal, memory
 from sessions.models import Agent
 
-from . import store
+from . import admission, store
 from .context import CursorMoved, Refused
 from .link import BridgeLink
 
@@ -50,7 +54,7 @@ class Relay:
         self.cursor = cursor
         self.session = session
         self.head = cursor
-        self.secrets = secrets
+        self.redactor = credentials.StreamRedactor(secrets)
         self.after_turn = after_turn
 
     async def run(self) -> None:
@@ -68,15 +72,27 @@ class Relay:
                 continue
             if not page.events:
                 continue
-            records = await _commit(self.agent_id, self.cursor, self.session, sid, page.events,
-                                    self.secrets)
+            records = await _commit(self.agent_id, self.cursor, self.session, sid,
+                                    page.events[-1].bseq, [self._fact(ev) for ev in page.events])
             self.cursor, self.session = page.events[-1].bseq, sid
             try:
                 await self.client.ack(self.cursor)
             except BridgeRequestError as exc:  # bad_ack: harmless, the next page tells
                 log.warning("agent %s: ack %d refused: %s", self.agent_id, self.cursor, exc)
             for event, record in zip(page.events, records):
-                await self._after(event, record.seq)
+                if record.type == event.type:  # a refused event asks for nothing
+                    await self._after(event, record.seq)
+
+    def _fact(self, event: BridgeEvent) -> tuple[str, dict]:
+        """The transcript fact for one bridge event: refused unless a sandbox
+        may write it (sessions/worker/admission.py); bound secrets redacted,
+        also across delta chunks."""
+        why = admission.refusal(event.type, event.data)
+        if why is not None:
+            log.warning("agent %s: refused bridge event %s (bseq %s): %s", self.agent_id,
+                        event.type[:64], event.bseq, why)
+            return admission.refused_fact(event.bseq, event.type, why)
+        return event.type, {**self.redactor.redact(event.type, event.data), "bseq": event.bseq}
 
     # --- cursor trouble (docs/BRIDGE.md "events / ack") --------------------------------
     async def _cursor_error(self, exc: BridgeRequestError) -> None:
@@ -156,25 +172,19 @@ class Relay:
 # --- database work (sync, run through database_sync_to_async) ----------------------------
 
 
-def _facts(events, secrets=None) -> list[tuple[str, dict]]:
-    """Bridge events as transcript facts. A bound secret the agent printed
-    (`echo $TOKEN`) is redacted here, before it can reach the transcript."""
-    return [(ev.type, {**credentials.redact(ev.data, secrets), "bseq": ev.bseq}) for ev in events]
-
-
 def _turn_of(data: dict) -> int:
     turn = data.get("turn")
     return turn if isinstance(turn, int) and not isinstance(turn, bool) and turn > 0 else 0
 
 
 @database_sync_to_async
-def _commit(agent_id: str, cursor: int, session: str, new_session: str, events, secrets=None):
+def _commit(agent_id: str, cursor: int, session: str, new_session: str, through: int, facts):
     with transaction.atomic():
         moved = Agent.objects.filter(pk=agent_id, bridge_cursor=cursor, bridge_session=session).update(
-            bridge_cursor=events[-1].bseq, bridge_session=new_session)
+            bridge_cursor=through, bridge_session=new_session)
         if moved != 1:
             raise CursorMoved(f"agent {agent_id}: the bridge cursor is no longer {session}:{cursor}")
-        return journal.append_many(agent_id, _facts(events, secrets))
+        return journal.append_many(agent_id, facts)
 
 
 @database_sync_to_async

@@ -207,6 +207,8 @@ def transcript(world, agent: str, events: list[dict]) -> list[str]:
             continue
         if t == "bridge.events_lost":
             out.append(f"{agent}: bridge events were lost: seq {e['seq']} {d}")
+        if t in ("bridge.refused", "bridge.event_refused"):  # our own bridge is never refused
+            out.append(f"{agent}: a bridge event was refused: seq {e['seq']} {d}")
         if "bseq" not in d:
             continue
         b = d["bseq"]

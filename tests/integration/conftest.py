@@ -37,7 +37,7 @@ def alineo_server_factory():
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _remove_sandboxes_made_by_live_servers(tmp_path_factory):
+def remove_sandboxes_made_by_live_servers(tmp_path_factory):
     """Live servers drive agents for real (sessions.worker.supervisor): a test that
     spawns an agent with a prompt gets a sandbox — a container, or a local
     process group that outlives its server. At the end of the session remove

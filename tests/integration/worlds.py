@@ -150,8 +150,11 @@ def events_of(events, etype: str) -> list[dict]:
 
 
 def assert_sound(events: list[dict]) -> None:
-    """seq 1, 2, 3 … with no gap and no repeat; each bridge event (bseq) once."""
+    """seq 1, 2, 3 … with no gap and no repeat; each bridge event (bseq) once;
+    nothing our own bridge sent refused (sessions/worker/admission.py)."""
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    refused = [e for e in events if e["type"] in ("bridge.refused", "bridge.event_refused")]
+    assert not refused, f"the bridge's own events were refused: {refused}"
     bseqs = [e["data"]["bseq"] for e in events if "bseq" in e["data"]]
     assert len(bseqs) == len(set(bseqs)), f"a bridge event was journaled twice: {bseqs}"
     assert bseqs == sorted(bseqs)

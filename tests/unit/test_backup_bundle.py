@@ -36,7 +36,8 @@ from sessions.backup import (
 )
 from sessions.backup import format as bformat
 from sessions.backup import write as bwrite
-from sessions.models import Agent, AgentLease, AgentMemory, Checkpoint, Event
+from sessions.credentials import set_secret
+from sessions.models import Agent, AgentLease, AgentMemory, Checkpoint, Credential, Event
 from tests.engines import sqlite_only
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -395,3 +396,30 @@ def test_the_backup_command_writes_a_bundle(source, tmp_path, settings):
     assert bundle.parent == tmp_path / "b" and (bundle / "manifest.json").is_file()
     assert verify_bundle(bundle).manifest["database"]["agents"] == 2
     shutil.rmtree(tmp_path / "b")
+
+
+def test_no_credential_value_is_ever_in_a_bundle(source, tmp_path, workspace):
+    """Only which credentials existed: a bundle copied elsewhere leaks no
+    secret (SQLite: the rows are deleted from the copy and the file VACUUMed,
+    so no freed page keeps a value; PostgreSQL: pg_dump leaves the rows out)."""
+    canary = "canary-" + os.urandom(12).hex()
+    set_secret(workspace, "github", canary)
+    data, _agents = source
+    bundle = backup(data, tmp_path / "backups")
+    for path in bundle.rglob("*"):
+        if path.is_file():
+            assert canary.encode() not in path.read_bytes(), path
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["database"]["credentials_left_out"] == [
+        {"workspace": workspace.name, "name": "github"}]
+    assert Credential.objects.get(name="github").secret == canary  # the live one is untouched
+
+
+@sqlite_only(SQLITE_RESTORE)
+def test_a_restore_says_which_credentials_to_set_again(source, tmp_path, workspace):
+    set_secret(workspace, "github", "canary-value-123")
+    data, _agents = source
+    said: list[str] = []
+    done = restore(backup(data, tmp_path / "backups"), tmp_path / "dst", say=said.append)
+    assert any("set_credential" in n and f"{workspace.name}/github" in n for n in done.notes)
+    assert any("set_credential" in line for line in said)

@@ -6,10 +6,17 @@ them — and the dashboard says it in plain words."""
 from __future__ import annotations
 
 import asyncio
+import io
+import json
+import tarfile
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
+import zstandard
 from django.utils import timezone
+
+from sandboxes import archive
 
 from sessions import journal
 from sessions.models import Checkpoint
@@ -25,11 +32,29 @@ def _info(agent, *, zero_retention=False, max_age_days=30) -> AgentInfo:
                      zero_retention, max_age_days, 3)
 
 
+def _archive(path, session: dict | None) -> None:
+    """A turn checkpoint as a bridge's home makes it: a zstd tar, with its session file."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        notes = tarfile.TarInfo("./notes.txt")
+        notes.size = 2
+        tar.addfile(notes, io.BytesIO(b"hi"))
+        if session is not None:
+            payload = json.dumps(session).encode()
+            member = tarfile.TarInfo("./" + archive.SESSION_MEMBER)
+            member.size = len(payload)
+            tar.addfile(member, io.BytesIO(payload))
+    path.write_bytes(zstandard.ZstdCompressor().compress(buf.getvalue()))
+
+
+SESSION = {"version": 1, "session_id": "s1", "bseq": 9, "turns": 1, "current": None}
+
+
 def _checkpoint(agent, tmp_path, turn=1, *, days_old=0, expires_in=30, deleted=False,
-                file=True) -> Checkpoint:
+                file=True, session=SESSION) -> Checkpoint:
     path = tmp_path / f"sb1-turn-{turn}.tar.zst"
     if file:
-        path.write_bytes(b"an archive")
+        _archive(path, session)
     now = timezone.now()
     cp = Checkpoint.objects.create(
         agent=agent, sandbox_id="sb1", turn=turn, through_seq=turn, path=str(path),
@@ -86,6 +111,34 @@ def test_an_older_fact_about_another_checkpoint_does_not_decide(agent, tmp_path)
     journal.append(agent.id, "agent.checkpoint_deleted", {"checkpoint": old.pk, "turn": 1})
     _checkpoint(agent, tmp_path, 2, expires_in=-1)  # the newest expired
     assert _plan(_info(agent)).reason == "checkpoint_expired"
+
+
+@pytest.mark.parametrize("session", [
+    None,                                                     # no session file at all
+    {"session_id": "", "bseq": 1, "turns": 1},                # not what a bridge writes
+    {"session_id": "s", "bseq": "9", "turns": 1},
+    {"session_id": "s", "bseq": 9, "turns": -1},
+    {"session_id": "s", "bseq": 9, "turns": 1, "current": {"turn": "1"}},
+    ["not", "an", "object"],
+])
+def test_a_checkpoint_without_a_usable_bridge_session_is_a_rebuild(agent, tmp_path, session):
+    _checkpoint(agent, tmp_path, 1, session=session)
+    plan = _plan(_info(agent))
+    assert (plan.rung, plan.reason) == ("rebuild", "checkpoint_without_session")
+
+
+def test_a_checkpoint_file_that_cannot_be_read_is_unusable(agent, tmp_path):
+    cp = _checkpoint(agent, tmp_path, 1)
+    Path(cp.path).write_bytes(b"not a zstd archive")
+    plan = _plan(_info(agent))
+    assert (plan.rung, plan.reason) == ("rebuild", "checkpoint_unusable")
+
+
+def test_a_usable_session_says_where_the_restored_bridge_goes_on(agent, tmp_path):
+    cp = _checkpoint(agent, tmp_path, 1, session={**SESSION, "current": {"turn": 1}})
+    plan = _plan(_info(agent))
+    assert (plan.rung, plan.checkpoint["id"], plan.cp_session, plan.cp_head,
+            plan.cp_current_turn) == ("restore", cp.pk, "s1", 9, 1)
 
 
 def test_zero_data_retention_restores_nothing_it_still_holds(agent, tmp_path):

@@ -266,3 +266,44 @@ def test_extracting_twice_overwrites(box):
     safe_extract(make_tar(f("a.txt", b"two"), f("l", b"now a file")), dest)
     assert (dest / "a.txt").read_bytes() == b"two"
     assert not (dest / "l").is_symlink() and (dest / "l").read_bytes() == b"now a file"
+
+
+# --- size caps: a restore must not fill the host's disk -------------------------------------
+
+
+@pytest.mark.parametrize("reader", ["safe_extract", "check_tar", "validated_tar"])
+def test_an_archive_past_the_byte_cap_is_refused_naming_it(tmp_path, reader):
+    from sandboxes.safe_tar import validated_tar
+
+    data = make_tar(f("a.bin", b"a" * 600), f("b.bin", b"b" * 600))
+    caps = (1000, None)
+    with pytest.raises(UnsafeArchive, match="ALINEO_RESTORE_MAX_BYTES"):
+        if reader == "safe_extract":
+            safe_extract(data, tmp_path / "home", caps)
+        elif reader == "check_tar":
+            check_tar(data, caps=caps)
+        else:
+            list(validated_tar([data], caps))
+    if reader == "safe_extract":  # what came before the refusal stays, nothing past the cap
+        assert sorted(p.name for p in (tmp_path / "home").iterdir()) == ["a.bin"]
+    assert check_tar(data, caps=(1200, None)).bytes == 1200  # at the cap is fine
+
+
+def test_an_archive_past_the_entry_cap_is_refused_naming_it(tmp_path):
+    data = make_tar(*(f(f"f{i}.txt") for i in range(5)))
+    with pytest.raises(UnsafeArchive, match="ALINEO_RESTORE_MAX_ENTRIES"):
+        safe_extract(data, tmp_path / "home", (None, 4))
+    assert safe_extract(data, tmp_path / "other", (None, 5)).files == 5
+
+
+def test_a_backend_restore_applies_the_deployment_cap(tmp_path, settings):
+    from sandboxes.backends.local import LocalBackend
+
+    settings.ALINEO_RESTORE_MAX_BYTES = 100
+    backend = LocalBackend(root=tmp_path / "sandboxes")
+    sid = backend.create("agent1", "default")
+    try:
+        with pytest.raises(UnsafeArchive, match="ALINEO_RESTORE_MAX_BYTES"):
+            backend.write_home(sid, [make_tar(f("big.bin", b"x" * 101))])
+    finally:
+        backend.remove(sid)

@@ -1,3 +1,5 @@
+import os
+
 from django.core.management.base import BaseCommand, CommandError
 
 from sessions.backup import BackupError, prune, write_bundle
@@ -15,6 +17,7 @@ class Command(BaseCommand):
                             help="afterwards remove all but the newest K bundles in DIR")
 
     def handle(self, **options):
+        os.umask(0o077)  # a bundle holds transcripts and the secret key: private files
         try:
             bundle = write_bundle(options["to"], images=not options["no_images"],
                                   say=lambda m: self.stdout.write(m))

@@ -24,6 +24,7 @@ from channels.worker import Worker
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from sandboxes import config
 from sessions import leases, wakeups
 from sessions.worker import supervisor
 
@@ -43,6 +44,7 @@ class Command(BaseCommand):
             raise CommandError("No CHANNEL_LAYERS configured.")
         channels = options["channels"] or [settings.ALINEO_WORKER_CHANNEL]
         self.check_migrations()
+        config.data_dir().tighten()  # private, like `serve` makes it
         self.stdout.write(f"Alineo worker {leases.holder()} listening on {', '.join(channels)} "
                           "(SIGTERM or Ctrl-C stops it)\n")
         self.stdout.flush()

@@ -31,6 +31,7 @@ from twisted.internet import reactor  # daphne.server installed the asyncio reac
 
 from daphne.server import twisted_loop
 
+from sandboxes import config
 from sessions import wakeups
 from sessions.worker import supervisor
 
@@ -61,10 +62,20 @@ class Command(BaseCommand):
         if not 0 <= port <= 65535:
             raise CommandError(f"--port {port} is not a TCP port.")
         self.check_migrations()  # warns, like runserver, when `migrate` was not run
+        _private_data_dir()
         run(host, port, self.stdout, role=options["role"])
 
 
 ROLES = ("all", "web")
+
+
+def _private_data_dir() -> None:
+    """The data dir holds credential values and the bridges' sockets: private,
+    also when an older release left it readable (sandboxes/config.py)."""
+    changed = config.data_dir().tighten()
+    if changed:
+        log.warning("made %d path(s) of the data dir private (0700/0600), e.g. %s",
+                    len(changed), changed[0])
 
 
 def run(host: str, port: int, stdout, role: str = "all") -> None:
