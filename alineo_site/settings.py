@@ -205,6 +205,9 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "static"
 
+# A refused CSRF check gets the site's own 403 page (sessions/api/views.py).
+CSRF_FAILURE_VIEW = "sessions.api.views.csrf_failure"
+
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 
