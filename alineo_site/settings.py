@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -111,6 +112,7 @@ INSTALLED_APPS = [
     "sessions.apps.AgentSessionsConfig",
     "channels",
     "django_htmx",
+    "axes",  # login throttling, below
 ]
 
 MIDDLEWARE = [
@@ -122,6 +124,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: it turns a lockout found during login into its page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "alineo_site.urls"
@@ -192,6 +196,39 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "alineo_site.layers.InMemoryChannelLayer"}}
 
+# --- Login throttling (django-axes; docs/SECURITY-web.md) -----------------------
+# Failed password logins (the dashboard's and the admin's login forms) are
+# counted per client address: ALINEO_LOGIN_FAILURES of them, each less than
+# ALINEO_LOGIN_LOCKOUT_S after the one before, lock that client out of logging
+# in until ALINEO_LOGIN_LOCKOUT_S after the last, with a 429 page that says so
+# (sessions/dashboard/lockout.py); 0 failures turns throttling off. Only
+# authenticate() is throttled: API bearer tokens (sessions/access.py) and
+# sessions already logged in are not.
+# Behind a reverse proxy every client has the proxy's address: set
+# ALINEO_LOGIN_LOCKOUT_BY=client_and_username so one client cannot lock out all.
+ALINEO_LOGIN_FAILURES = envint("ALINEO_LOGIN_FAILURES", 5)
+ALINEO_LOGIN_LOCKOUT_S = envfloat("ALINEO_LOGIN_LOCKOUT_S", 900.0)
+ALINEO_LOGIN_LOCKOUT_BY = envchoice("ALINEO_LOGIN_LOCKOUT_BY", "client",
+                                    ("client", "client_and_username"))
+if ALINEO_LOGIN_FAILURES < 0:
+    raise ImproperlyConfigured(f"ALINEO_LOGIN_FAILURES={ALINEO_LOGIN_FAILURES}: use 0 (no "
+                               "throttling) or the failed logins that lock a client out")
+if ALINEO_LOGIN_LOCKOUT_S <= 0:
+    raise ImproperlyConfigured(f"ALINEO_LOGIN_LOCKOUT_S={ALINEO_LOGIN_LOCKOUT_S}: must be > 0")
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: it refuses a locked-out client
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_ENABLED = ALINEO_LOGIN_FAILURES > 0
+AXES_FAILURE_LIMIT = max(ALINEO_LOGIN_FAILURES, 1)
+AXES_COOLOFF_TIME = timedelta(seconds=ALINEO_LOGIN_LOCKOUT_S)
+AXES_LOCKOUT_PARAMETERS = (["ip_address"] if ALINEO_LOGIN_LOCKOUT_BY == "client"
+                           else [["ip_address", "username"]])
+AXES_LOCKOUT_CALLABLE = "sessions.dashboard.lockout.locked_out"
+# Not reset by a successful login: by client address, a login to one's own
+# account would otherwise clear the count of guesses at everyone else's.
+AXES_RESET_ON_SUCCESS = False
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
@@ -217,7 +254,9 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": envstr("ALINEO_LOG_LEVEL", "INFO")},
-    "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
+    # axes logs each failed login and lockout as a warning, its start banner as info.
+    "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"},
+                "axes": {"level": "WARNING"}},
 }
 
 # --- Alineo -------------------------------------------------------------------
