@@ -113,10 +113,12 @@ INSTALLED_APPS = [
     "channels",
     "django_htmx",
     "axes",  # login throttling, below
+    "csp",  # the Content-Security-Policy header, below
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -241,6 +243,29 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "static"
+
+# --- Content-Security-Policy (django-csp 4.x; docs/SECURITY-web.md) -----------------
+# Every response says: scripts, styles, images, fonts and fetches (the SSE
+# stream too) only from this origin, no inline script or style and no eval,
+# no plugins, no <base> elsewhere, forms post only here, and no framing. The
+# templates keep to it: no inline <script>, no on*= handlers, no style=, and
+# htmx is told not to eval or inject styles (templates/base.html).
+# tests/unit/dashboard/test_csp.py and tests/browser/test_csp.py check it.
+_SELF, _NONE = "'self'", "'none'"
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [_SELF],
+        "script-src": [_SELF],
+        "style-src": [_SELF],
+        "img-src": [_SELF],
+        "font-src": [_SELF],
+        "connect-src": [_SELF],
+        "object-src": [_NONE],
+        "base-uri": [_SELF],
+        "form-action": [_SELF],
+        "frame-ancestors": [_NONE],
+    },
+}
 
 # A refused CSRF check gets the site's own 403 page (sessions/api/views.py).
 CSRF_FAILURE_VIEW = "sessions.api.views.csrf_failure"
