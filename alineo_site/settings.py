@@ -267,6 +267,32 @@ CONTENT_SECURITY_POLICY = {
     },
 }
 
+# --- Cookies and transport (docs/SECURITY-web.md) ------------------------------------
+# ALINEO_HTTPS=1: browsers reach Alineo over HTTPS. Then the session and CSRF
+# cookies are sent over HTTPS only. `manage.py serve` itself speaks plain HTTP,
+# so HTTPS means a TLS-terminating reverse proxy in front, and Django learns
+# the scheme from the proxy's X-Forwarded-Proto (SECURE_PROXY_SSL_HEADER):
+# without it every request looks like http, and the CSRF check refuses each
+# form POST whose Origin is https://… (tests/unit/dashboard/test_cookies.py).
+# The proxy must set that header itself, replacing any a client sent; a
+# client that reaches serve around the proxy could only mislabel its own
+# request. HSTS (ALINEO_HSTS_S) stays off unless asked for: once a browser
+# has it, plain HTTP to the host is refused until it expires.
+ALINEO_HTTPS = envbool("ALINEO_HTTPS", False)
+ALINEO_HSTS_S = envint("ALINEO_HSTS_S", 0)
+if ALINEO_HSTS_S < 0 or (ALINEO_HSTS_S and not ALINEO_HTTPS):
+    raise ImproperlyConfigured(f"ALINEO_HSTS_S={ALINEO_HSTS_S}: HSTS needs ALINEO_HTTPS=1 and a "
+                               "number of seconds >= 0")
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = ALINEO_HTTPS
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if ALINEO_HTTPS else None
+SECURE_HSTS_SECONDS = ALINEO_HSTS_S
+SESSION_COOKIE_HTTPONLY = True  # no script reads the session cookie
+# Lax: a cross-site link still arrives logged in, a cross-site POST does not.
+SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Lax"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"  # with frame-ancestors 'none', for browsers without CSP
+
 # A refused CSRF check gets the site's own 403 page (sessions/api/views.py).
 CSRF_FAILURE_VIEW = "sessions.api.views.csrf_failure"
 

@@ -39,6 +39,9 @@ def test_the_defaults_load(tmp_path):
     ({"ALINEO_LOGIN_FAILURES": "-1"}, "ALINEO_LOGIN_FAILURES"),
     ({"ALINEO_LOGIN_LOCKOUT_S": "0"}, "ALINEO_LOGIN_LOCKOUT_S"),
     ({"ALINEO_LOGIN_LOCKOUT_BY": "ip"}, "ALINEO_LOGIN_LOCKOUT_BY"),
+    ({"ALINEO_HTTPS": "sure"}, "ALINEO_HTTPS"),
+    ({"ALINEO_HSTS_S": "3600"}, "ALINEO_HSTS_S"),  # HSTS without HTTPS
+    ({"ALINEO_HTTPS": "1", "ALINEO_HSTS_S": "-1"}, "ALINEO_HSTS_S"),
 ])
 def test_a_value_that_cannot_be_meant_stops_the_start_naming_its_variable(tmp_path, env, named):
     done = _load(tmp_path, **env)
@@ -74,3 +77,14 @@ def test_login_throttling_reads_its_variables(tmp_path):
     known = _values(tmp_path, "KNOWN_ENV")
     assert all(n in known for n in ("ALINEO_LOGIN_FAILURES", "ALINEO_LOGIN_LOCKOUT_S",
                                     "ALINEO_LOGIN_LOCKOUT_BY"))
+
+
+def test_https_makes_the_cookies_secure_and_trusts_the_proxys_scheme(tmp_path):
+    names = ("SESSION_COOKIE_SECURE CSRF_COOKIE_SECURE SECURE_PROXY_SSL_HEADER SECURE_HSTS_SECONDS "
+             "SESSION_COOKIE_HTTPONLY SESSION_COOKIE_SAMESITE CSRF_COOKIE_SAMESITE "
+             "SECURE_CONTENT_TYPE_NOSNIFF")
+    assert _values(tmp_path, names) == "[False, False, None, 0, True, 'Lax', 'Lax', True]"
+    assert _values(tmp_path, names, ALINEO_HTTPS="1") == (
+        "[True, True, ('HTTP_X_FORWARDED_PROTO', 'https'), 0, True, 'Lax', 'Lax', True]")
+    assert _values(tmp_path, "SECURE_HSTS_SECONDS", ALINEO_HTTPS="1", ALINEO_HSTS_S="31536000") == (
+        "[31536000]")
