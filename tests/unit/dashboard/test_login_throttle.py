@@ -105,3 +105,11 @@ def test_zero_failures_turns_throttling_off(client, owner, settings):
     settings.AXES_ENABLED = False
     fail(client, "olivia", 8)
     assert attempt(client, "olivia", "olivia-password-123").status_code == 302
+
+
+def test_an_attempt_during_the_lockout_starts_the_wait_again(client, owner):
+    fail(client, "olivia", 5)
+    AccessAttempt.objects.update(attempt_time=timezone.now() - timedelta(minutes=10))
+    assert attempt(client, "olivia", "olivia-password-123").status_code == 429
+    AccessAttempt.objects.update(attempt_time=timezone.now() - timedelta(minutes=10))
+    assert attempt(client, "olivia", "olivia-password-123").status_code == 429  # 10 < 15 min
