@@ -12,6 +12,7 @@ import secrets
 from datetime import timedelta
 from pathlib import Path
 
+from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -251,19 +252,18 @@ STATIC_ROOT = DATA_DIR / "static"
 # templates keep to it: no inline <script>, no on*= handlers, no style=, and
 # htmx is told not to eval or inject styles (templates/base.html).
 # tests/unit/dashboard/test_csp.py and tests/browser/test_csp.py check it.
-_SELF, _NONE = "'self'", "'none'"
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
-        "default-src": [_SELF],
-        "script-src": [_SELF],
-        "style-src": [_SELF],
-        "img-src": [_SELF],
-        "font-src": [_SELF],
-        "connect-src": [_SELF],
-        "object-src": [_NONE],
-        "base-uri": [_SELF],
-        "form-action": [_SELF],
-        "frame-ancestors": [_NONE],
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF],
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
     },
 }
 

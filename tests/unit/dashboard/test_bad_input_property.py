@@ -194,6 +194,8 @@ def test_no_get_causes_a_5xx_or_a_write(scene):
     @example(request=("GET", f"/agents/{ids[0]}/rows?before=%D9%A3", {}, None, None), actor="member")
     @example(request=("GET", "/tree", {"HX-Current-URL": "http://["}, None, None),
              actor="anonymous")
+    # A NUL in an agent id: PostgreSQL refuses it in a query (DataError, a 500).
+    @example(request=("GET", "/agents/new?parent=a%00b", {}, None, None), actor="member")
     def check(request, actor):
         check_one(*actors[actor], request, seen)
 
@@ -211,6 +213,8 @@ def test_no_post_causes_a_5xx_or_a_partial_write(scene):
     # The findings: a deeply nested spec, a 5,000-digit integer in one.
     @example(request=("POST", "/agents/new", {}, {"spec": DEEP[1]}, None), actor="member+csrf")
     @example(request=("POST", "/agents/new", {}, {"spec": NASTY_SPECS[5]}, None),
+             actor="member+csrf")
+    @example(request=("POST", "/agents/new", {}, {"parent": "a\x00b", "example": "demo"}, None),
              actor="member+csrf")
     def check(request, actor):
         check_one(*actors[actor], request, seen)
