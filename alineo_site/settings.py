@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
+from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -111,10 +113,13 @@ INSTALLED_APPS = [
     "sessions.apps.AgentSessionsConfig",
     "channels",
     "django_htmx",
+    "axes",  # login throttling, below
+    "csp",  # the Content-Security-Policy header, below
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -122,6 +127,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: it turns a lockout found during login into its page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "alineo_site.urls"
@@ -192,6 +199,39 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "alineo_site.layers.InMemoryChannelLayer"}}
 
+# --- Login throttling (django-axes; docs/SECURITY-web.md) -----------------------
+# Failed password logins (the dashboard's and the admin's login forms) are
+# counted per client address: ALINEO_LOGIN_FAILURES of them, each less than
+# ALINEO_LOGIN_LOCKOUT_S after the one before, lock that client out of logging
+# in until ALINEO_LOGIN_LOCKOUT_S after the last, with a 429 page that says so
+# (sessions/dashboard/lockout.py); 0 failures turns throttling off. Only
+# authenticate() is throttled: API bearer tokens (sessions/access.py) and
+# sessions already logged in are not.
+# Behind a reverse proxy every client has the proxy's address: set
+# ALINEO_LOGIN_LOCKOUT_BY=client_and_username so one client cannot lock out all.
+ALINEO_LOGIN_FAILURES = envint("ALINEO_LOGIN_FAILURES", 5)
+ALINEO_LOGIN_LOCKOUT_S = envfloat("ALINEO_LOGIN_LOCKOUT_S", 900.0)
+ALINEO_LOGIN_LOCKOUT_BY = envchoice("ALINEO_LOGIN_LOCKOUT_BY", "client",
+                                    ("client", "client_and_username"))
+if ALINEO_LOGIN_FAILURES < 0:
+    raise ImproperlyConfigured(f"ALINEO_LOGIN_FAILURES={ALINEO_LOGIN_FAILURES}: use 0 (no "
+                               "throttling) or the failed logins that lock a client out")
+if ALINEO_LOGIN_LOCKOUT_S <= 0:
+    raise ImproperlyConfigured(f"ALINEO_LOGIN_LOCKOUT_S={ALINEO_LOGIN_LOCKOUT_S}: must be > 0")
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: it refuses a locked-out client
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_ENABLED = ALINEO_LOGIN_FAILURES > 0
+AXES_FAILURE_LIMIT = max(ALINEO_LOGIN_FAILURES, 1)
+AXES_COOLOFF_TIME = timedelta(seconds=ALINEO_LOGIN_LOCKOUT_S)
+AXES_LOCKOUT_PARAMETERS = (["ip_address"] if ALINEO_LOGIN_LOCKOUT_BY == "client"
+                           else [["ip_address", "username"]])
+AXES_LOCKOUT_CALLABLE = "sessions.dashboard.lockout.locked_out"
+# Not reset by a successful login: by client address, a login to one's own
+# account would otherwise clear the count of guesses at everyone else's.
+AXES_RESET_ON_SUCCESS = False
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
@@ -205,6 +245,57 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "static"
 
+# --- Content-Security-Policy (django-csp 4.x; docs/SECURITY-web.md) -----------------
+# Every response says: scripts, styles, images, fonts and fetches (the SSE
+# stream too) only from this origin, no inline script or style and no eval,
+# no plugins, no <base> elsewhere, forms post only here, and no framing. The
+# templates keep to it: no inline <script>, no on*= handlers, no style=, and
+# htmx is told not to eval or inject styles (templates/base.html).
+# tests/unit/dashboard/test_csp.py and tests/browser/test_csp.py check it.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF],
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    },
+}
+
+# --- Cookies and transport (docs/SECURITY-web.md) ------------------------------------
+# ALINEO_HTTPS=1: browsers reach Alineo over HTTPS. Then the session and CSRF
+# cookies are sent over HTTPS only. `manage.py serve` itself speaks plain HTTP,
+# so HTTPS means a TLS-terminating reverse proxy in front, and Django learns
+# the scheme from the proxy's X-Forwarded-Proto (SECURE_PROXY_SSL_HEADER):
+# without it every request looks like http, and the CSRF check refuses each
+# form POST whose Origin is https://… (tests/unit/dashboard/test_cookies.py).
+# The proxy must set that header itself, replacing any a client sent; a
+# client that reaches serve around the proxy could only mislabel its own
+# request. HSTS (ALINEO_HSTS_S) stays off unless asked for: once a browser
+# has it, plain HTTP to the host is refused until it expires.
+ALINEO_HTTPS = envbool("ALINEO_HTTPS", False)
+ALINEO_HSTS_S = envint("ALINEO_HSTS_S", 0)
+if ALINEO_HSTS_S < 0 or (ALINEO_HSTS_S and not ALINEO_HTTPS):
+    raise ImproperlyConfigured(f"ALINEO_HSTS_S={ALINEO_HSTS_S}: HSTS needs ALINEO_HTTPS=1 and a "
+                               "number of seconds >= 0")
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = ALINEO_HTTPS
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if ALINEO_HTTPS else None
+SECURE_HSTS_SECONDS = ALINEO_HSTS_S
+SESSION_COOKIE_HTTPONLY = True  # no script reads the session cookie
+# Lax: a cross-site link still arrives logged in, a cross-site POST does not.
+SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Lax"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"  # with frame-ancestors 'none', for browsers without CSP
+
+# A refused CSRF check gets the site's own 403 page (sessions/api/views.py).
+CSRF_FAILURE_VIEW = "sessions.api.views.csrf_failure"
+
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 
@@ -214,7 +305,9 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": envstr("ALINEO_LOG_LEVEL", "INFO")},
-    "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
+    # axes logs each failed login and lockout as a warning, its start banner as info.
+    "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"},
+                "axes": {"level": "WARNING"}},
 }
 
 # --- Alineo -------------------------------------------------------------------

@@ -4,9 +4,14 @@ so ids cannot be probed."""
 
 from __future__ import annotations
 
+import re
+
 from django.contrib.auth.models import AnonymousUser
 
 from .models import Agent, ApiToken, Workspace
+
+#: What an agent id can be (sessions/urls.py routes the same).
+AGENT_ID = re.compile(r"[A-Za-z0-9_-]{1,32}")
 
 
 def user_from_bearer(header: str | None):
@@ -37,8 +42,8 @@ def workspaces_of(user):
 
 def visible_agent(user, agent_id: str) -> Agent | None:
     """The agent if it exists in one of the user's workspaces, else None."""
-    if not isinstance(agent_id, str) or len(agent_id) > 32:
-        return None
+    if not isinstance(agent_id, str) or not AGENT_ID.fullmatch(agent_id):
+        return None  # e.g. a NUL, which PostgreSQL refuses in a query: a 500, not a 404
     return Agent.objects.filter(pk=agent_id, workspace__members=user).first()
 
 

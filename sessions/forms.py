@@ -4,12 +4,11 @@ the JSON API."""
 
 from __future__ import annotations
 
-import json
 import uuid
 
 from django import forms
 
-from . import specs
+from . import inputs, specs
 
 # Saved example specs an operator can start from (the demo model needs no API key).
 EXAMPLE_SPECS: dict[str, tuple[str, dict]] = {
@@ -62,11 +61,11 @@ class SpawnForm(KeyedForm):
         if not raw:
             return None
         try:
-            value = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise forms.ValidationError(
-                f"This is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})."
-            )
+            value = inputs.loads(raw)
+        except inputs.InputError as exc:
+            if exc.code == "malformed_json":
+                raise forms.ValidationError(f"This is not valid JSON: {exc}.")
+            raise forms.ValidationError(f"This spec is refused: {exc}.")
         if not isinstance(value, dict):
             raise forms.ValidationError("The spec must be a JSON object, e.g. {\"model\": \"demo\"}.")
         try:

@@ -9,6 +9,7 @@ import re
 from django.conf import settings
 from django.db.models import Q
 from django.http import JsonResponse
+from django.shortcuts import render
 from django.views import defaults
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
@@ -274,22 +275,37 @@ def _is_api(request) -> bool:
 def handler400(request, exception=None):
     if _is_api(request):
         return error_response(400, "request.invalid", "The request was refused as malformed.")
-    return defaults.bad_request(request, exception)
+    return _page(request, "400.html", 400)
 
 
 def handler403(request, exception=None):
     if _is_api(request):
         return error_response(403, "forbidden", "This request is not allowed.")
-    return defaults.permission_denied(request, exception)
+    return _page(request, "403.html", 403)
 
 
 def handler404(request, exception=None):
     if _is_api(request):
         return api_not_found(request)
-    return defaults.page_not_found(request, exception)
+    return _page(request, "404.html", 404)
+
+
+def _page(request, template: str, status: int):
+    """templates/<status>.html. Not Django's default views: they are wrapped in
+    requires_csrf_token, which parses the body, so a POST with a broken
+    multipart body to a missing page raised MultiPartParserError in the 404
+    handler itself (a 500; tests/unit/dashboard/test_bad_input_property.py)."""
+    return render(request, template, {"request_path": request.path}, status=status)
 
 
 def handler500(request):
     if _is_api(request):
         return error_response(500, "server.error", "An unexpected error occurred.")
     return defaults.server_error(request)
+
+
+def csrf_failure(request, reason: str = ""):
+    """settings.CSRF_FAILURE_VIEW: the site's 403 page, not Django's (its inline
+    <style> is what the Content-Security-Policy refuses). API views check CSRF
+    themselves (sessions/api/handler.py) and answer JSON."""
+    return _page(request, "403.html", 403)

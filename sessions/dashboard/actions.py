@@ -6,7 +6,7 @@ double click or a retried request acts once."""
 from __future__ import annotations
 
 from django.contrib import messages
-from django.http import Http404
+from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -117,7 +117,10 @@ def command(request, agent_id: str, verb: str):
     if status >= 400 and verb in commands.TEXT_VERBS:
         for error in form.errors.get("text", []):
             messages.error(request, error)
+    # Only a path on this site; and not through redirect(), which takes a bare
+    # word ("²") for a view name and raises NoReverseMatch, a 500.
     back = request.POST.get("next") or ""
-    if not url_has_allowed_host_and_scheme(back, {request.get_host()}):
+    if not back.startswith("/") or not url_has_allowed_host_and_scheme(
+            back, {request.get_host()}, require_https=request.is_secure()):
         back = reverse("dash-agent", kwargs={"agent_id": agent.id})
-    return redirect(back)
+    return HttpResponseRedirect(back)

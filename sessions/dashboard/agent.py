@@ -4,26 +4,20 @@ same fragment, sessions/_event_rows.html, keyed by seq (id="row-<seq>")."""
 
 from __future__ import annotations
 
-from django.http import HttpResponse, HttpResponseBadRequest
+from django.http import HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from .. import journal
+from .. import inputs, journal
 from ..models import AgentLease, Event
 from .actions import action_forms
-from .common import agent_or_404, agent_version, login_required, summarize
+from .common import agent_or_404, agent_version, bad_request, login_required, summarize
 
 FIRST_PAGE = 100
 OLDER_PAGE = 300
 NEWER_PAGE = 500
 HISTORY = 20
-
-
-def _int(raw: str | None) -> int | None:
-    if raw is None or not raw.isdigit() or len(raw) > 18:
-        return None
-    return int(raw)
 
 
 def side_context(agent) -> dict:
@@ -86,9 +80,10 @@ def agent_rows(request, agent_id: str):
     the client continues from comes back in headers, next to the same fragment
     the page was drawn with."""
     agent = agent_or_404(request.user, agent_id)
-    after, before = _int(request.GET.get("after")), _int(request.GET.get("before"))
+    after, before = inputs.cursor(request.GET.get("after")), inputs.cursor(request.GET.get("before"))
     if (after is None) == (before is None):
-        return HttpResponseBadRequest("Give after=<seq> or before=<seq> (a non-negative integer).")
+        return bad_request(request, "Give after=<seq> or before=<seq>, one of them, as a "
+                                    "non-negative integer in the digits 0-9.")
     if before is not None:
         page = journal.page_before(agent.id, before, OLDER_PAGE)
     else:

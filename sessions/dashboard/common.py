@@ -10,11 +10,11 @@ from urllib.parse import quote, urlsplit
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpResponse
+from django.shortcuts import render
 
 from .. import journal
 from ..access import visible_agent, workspaces_of
 from ..models import ENDED, Agent, AgentStatus
-
 
 
 def _is_fragment(request) -> bool:
@@ -31,14 +31,27 @@ def login_required(view):
             return view(request, *args, **kwargs)
         if not _is_fragment(request):
             return redirect_to_login(request.get_full_path())
-        page = request.headers.get("HX-Current-URL") or "/"
-        parts = urlsplit(page)
-        back = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        back = _page_of(request.headers.get("HX-Current-URL") or "/")
         response = HttpResponse("Your session has ended; log in again.", status=401)
         response["HX-Redirect"] = f"{settings.LOGIN_URL}?next={quote(back)}"
         return response
 
     return wrapped
+
+
+def _page_of(url: str) -> str:
+    """The path and query of the page a fragment was drawn on ("/" when the
+    header is not a URL: urlsplit raises ValueError on "http://[")."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "/"
+    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+
+def bad_request(request, message: str) -> HttpResponse:
+    """The readable 400 page (templates/400.html) for a request the dashboard refuses."""
+    return render(request, "400.html", {"message": message}, status=400)
 
 
 def agent_or_404(user, agent_id: str) -> Agent:

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from django import template
 from django.utils.html import format_html
 
+from sessions.access import AGENT_ID
 from sessions.worker.plans import REBUILD_REASONS
 
 register = template.Library()
@@ -33,16 +34,21 @@ LONG_LINES = 12
 
 
 def _aware(value) -> datetime | None:
-    if value is None:
-        return None
+    """A timezone-aware UTC datetime, or None for anything that is not a time
+    (event data is the bridge's, so a "started_at" may be any JSON)."""
     if isinstance(value, str):
         try:
             value = datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError:
             return None
+    if not isinstance(value, datetime):
+        return None
     if value.tzinfo is None:
         value = value.replace(tzinfo=timezone.utc)
-    return value
+    try:
+        return value.astimezone(timezone.utc)
+    except (OverflowError, ValueError):  # "0001-01-01T00:00:00+01:00" has no UTC time
+        return None
 
 
 def relative(value, now: datetime | None = None) -> str:
@@ -120,7 +126,15 @@ def filesize(n) -> str:
 def _raw(value) -> str:
     if isinstance(value, str):
         return value
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    try:
+        return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    except (RecursionError, TypeError, ValueError):
+        # indent=2 takes json's recursive pure-Python encoder, and sort_keys
+        # refuses mixed key types; the C encoder shows it on one line.
+        try:
+            return json.dumps(value, ensure_ascii=False)
+        except (RecursionError, TypeError, ValueError):
+            return "(too deeply nested to show)"
 
 
 def _is_long(text: str) -> bool:
@@ -236,7 +250,11 @@ def event_view(event) -> dict:
         view["meta"] = " · ".join(str(data[k]) for k in ("verb", "code") if data.get(k))
         view["failed"] = True
     elif etype == "agent.child_spawned":
-        view["child"] = data.get("child")
+        child = data.get("child")
+        if isinstance(child, str) and AGENT_ID.fullmatch(child):  # else {% url %} would raise
+            view["child"] = child
+        else:
+            view["blocks"] = [_block("data", data)]
     else:
         if data:
             view["blocks"] = [_block("data", data)]

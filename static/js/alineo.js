@@ -39,11 +39,17 @@
   setInterval(function () { A.refreshTimes(document); }, 5000);
 
   // --- polled fragments wait while the operator is typing or has a form open ---
+  // (A listener, not an hx-trigger filter: htmx evaluates filters with eval,
+  // which the Content-Security-Policy forbids; htmx.config.allowEval is off.)
   A.busy = function (el) {
     var a = document.activeElement;
     if (a && el.contains(a) && a.matches("input, textarea, select")) return true;
     return !!el.querySelector("details[open]");
   };
+  document.addEventListener("htmx:beforeRequest", function (e) {
+    var el = e.detail.elt;
+    if (el && el.matches && el.matches("[data-poll-when-idle]") && A.busy(el)) e.preventDefault();
+  });
 
   // --- Idempotency-Key: one per drawn form; a double click sends it twice -----
   function newKey() {

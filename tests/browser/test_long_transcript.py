@@ -26,7 +26,7 @@ def test_open_and_scroll_up_through_10000_events(server, actor, page):
     top = page.evaluate("""() => { const b = document.getElementById('transcript');
         b.scrollTop = 0; const r = document.querySelector('#rows > li');
         return {id: r.id, y: r.getBoundingClientRect().top}; }""")
-    page.wait_for_function("document.querySelectorAll('#rows > li').length > 100")
+    page.wait_for_function("() => document.querySelectorAll('#rows > li').length > 100")
     page.wait_for_timeout(100)
     y = page.evaluate(f"document.getElementById({top['id']!r}).getBoundingClientRect().top")
     assert abs(y - top["y"]) <= 2, f"reading position moved by {y - top['y']} px"
@@ -37,7 +37,7 @@ def test_open_and_scroll_up_through_10000_events(server, actor, page):
             break
         count = page.locator("#rows > li").count()
         box.evaluate("b => { b.scrollTop = 0; }")
-        page.wait_for_function(f"document.querySelectorAll('#rows > li').length > {count}")
+        page.wait_for_function(f"() => document.querySelectorAll('#rows > li').length > {count}")
     assert page.locator("#row-1").count() == 1
     assert "Start of the transcript" in page.locator("#older").inner_text()
     values = seqs(page)

@@ -27,7 +27,7 @@ def start_writer(server, agent_id: str, count: int, pause_s: float = 0.05) -> su
 
 
 def wait_rows(page, head: int, timeout_ms: int = 30_000) -> None:
-    page.wait_for_function(f"document.getElementById('row-{head}') !== null", timeout=timeout_ms)
+    page.wait_for_function(f"() => document.getElementById('row-{head}') !== null", timeout=timeout_ms)
 
 
 def test_kill_and_restart_while_streaming(server, actor, page):
@@ -36,7 +36,7 @@ def test_kill_and_restart_while_streaming(server, actor, page):
     page.locator("#transcript[data-state=live]").wait_for()
     writer = start_writer(server, agent, ROWS)
     try:
-        page.wait_for_function("document.querySelectorAll('#rows > li').length >= 20")
+        page.wait_for_function("() => document.querySelectorAll('#rows > li').length >= 20")
         server.restart(hard=True)  # SIGKILL by PID, then the same port and data dir
         writer.wait(timeout=120)
         assert writer.returncode == 0, writer.stderr.read().decode()
@@ -73,7 +73,7 @@ def test_reload_mid_stream(server, actor, page):
     page.goto(f"{server.url}/agents/{agent}/")
     writer = start_writer(server, agent, ROWS, pause_s=0.03)
     try:
-        page.wait_for_function("document.querySelectorAll('#rows > li').length >= 30")
+        page.wait_for_function("() => document.querySelectorAll('#rows > li').length >= 30")
         page.reload()
         page.locator("#transcript[data-state=live]").wait_for()
         writer.wait(timeout=120)

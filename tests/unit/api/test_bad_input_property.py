@@ -228,3 +228,50 @@ def test_well_aimed_bad_requests_are_refused_cleanly(scene):
 
     check()
     assert seen.get(400, 0) > 0 and sum(n for s, n in seen.items() if s < 300) > 0, seen
+
+
+# --- the dashboard's findings ("The sandbox is a boundary"), aimed at the API --------------
+# The dashboard answered 500 to these (tests/unit/dashboard/test_bad_input_property.py);
+# the API answers 400 {"code", "message"} and writes nothing.
+
+DEEP_BODIES = [
+    b'{"spec": {"model": "demo", "tools": ' + b"[" * n + b"]" * n + b"}}" for n in (65, 990, 5000)
+] + [b'{"text": ' + b"[" * 990 + b"]" * 990 + b"}", b'{"spec": ' + b'{"a": ' * 3000 + b"1" + b"}" * 3000 + b"}"]
+LONG_INT_BODIES = [
+    b'{"spec": {"model": "demo", "limits": {"pids": ' + b"9" * 5000 + b"}}}",
+    b'{"spec": {"model": "demo", "tools": [' + b"1" * 5000 + b"]}}",
+    b'{"text": ' + b"9" * 5000 + b"}",
+    b'{"at_event": ' + b"9" * 5000 + b"}",
+]
+ODD_DIGITS = ["%C2%B2", "%D9%A3", "%EF%BC%91", "%F0%9D%9F%99", "%E0%A5%AB", "1%C2%B2", "9" * 19,
+              "9" * 5000, "-1", "%2B1", "1.0", ""]
+
+
+@pytest.mark.parametrize("raw", DEEP_BODIES + LONG_INT_BODIES)
+@pytest.mark.parametrize("tail", ["", "/{id}/prompt", "/{id}/fork"])
+def test_deep_nesting_and_long_numbers_are_a_400(api, spawned, raw, tail):
+    before = state()
+    response = api.post("/api/agents" + tail.format(id=spawned), raw=raw)
+    assert response.status_code == 400, response.content[:300]
+    body = response.json()
+    assert body["code"] == "request.malformed_json" and body["message"], body
+    assert state() == before
+
+
+def test_a_400_says_why(api):
+    deep = api.post("/api/agents", raw=DEEP_BODIES[0]).json()["message"]
+    assert "nests deeper than 64 levels" in deep
+    long = api.post("/api/agents", raw=LONG_INT_BODIES[0]).json()["message"]
+    assert "more than 4300 digits" in long
+
+
+@pytest.mark.parametrize("value", ODD_DIGITS)
+@pytest.mark.parametrize("name", ["after", "before", "limit"])
+def test_odd_digits_in_cursors_and_limits_are_a_400(api, spawned, name, value):
+    other = "&after=0" if name == "limit" else ""
+    response = api.get(f"/api/agents/{spawned}/events?{name}={value}{other}")
+    assert response.status_code == 400, response.content[:300]
+    assert response.json()["code"] == f"{name}.invalid"
+    if name != "before":
+        listing = api.get(f"/api/agents?{name}={value}")
+        assert listing.status_code == 400 and set(listing.json()) >= {"code", "message"}

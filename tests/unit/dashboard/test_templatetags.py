@@ -1,0 +1,53 @@
+"""sessions/templatetags/alineo.py on data it did not write: event data is
+the bridge's (the sandbox is a boundary), so nothing in it may make a page 500."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from sessions.templatetags import alineo
+
+
+@pytest.mark.parametrize("value", [None, 3, 3.5, [], {}, "", "yesterday", "0001-01-01T00:00:00+01:00",
+                                   "9999-12-31T23:59:59-01:00", "2026-13-01T00:00:00Z"])
+def test_a_time_that_is_not_one_renders_as_nothing(value):
+    assert alineo.reltime(value) == ""
+    assert alineo.elapsed_since(value) == ""
+
+
+def test_a_real_time_still_renders():
+    assert 'datetime="2026-01-02T03:04:05Z"' in alineo.reltime("2026-01-02T03:04:05Z")
+
+
+def event(etype, data):
+    return SimpleNamespace(type=etype, data=data)
+
+
+@pytest.mark.parametrize("child", ["../x", "a b", 3, None, ["ag_1"], "x" * 40])
+def test_a_child_that_is_not_an_agent_id_is_shown_as_data(child):
+    view = alineo.event_view(event("agent.child_spawned", {"child": child}))
+    assert "child" not in view and view["blocks"]
+
+
+def test_deep_data_is_shown_without_a_recursion_error():
+    deep: list = []
+    for _ in range(3000):
+        deep = [deep]
+    view = alineo.event_view(event("tool.dispatched", {"name": "x", "input": deep}))
+    assert view["blocks"][0]["text"]
+    mixed = alineo.event_view(event("bridge.thing", {"a": {1: "x", "b": "y"}}))  # sort_keys refuses
+    assert mixed["blocks"][0]["text"]
+
+
+def test_the_agent_page_renders_the_deepest_data_a_bridge_may_send(logged_in, make_agent):
+    deep: dict = {"leaf": 1}
+    for _ in range(99):  # sandboxes/bridge/protocol.py MAX_DEPTH = 100
+        deep = {"d": deep}
+    agent = make_agent(facts=[("agent.spawned", {"spec": {"model": "demo"}}),
+                              ("tool.dispatched", {"name": "bash", "tool_call_id": "c1", "input": deep}),
+                              ("turn.started", {"started_at": 12, "text": ["x"]})])
+    response = logged_in.get(f"/agents/{agent.id}/")
+    assert response.status_code == 200
+    assert logged_in.get(f"/agents/{agent.id}/rows?after=0").status_code == 200
