@@ -32,7 +32,9 @@ class WorkspaceForm(forms.ModelForm):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # No browser-side max: an over-long value must reach us and get the clear message.
-        self.fields["checkpoint_max_age_days"].widget.attrs.pop("max", None)
+        # (A view-only admin's form has no editable fields at all.)
+        if "checkpoint_max_age_days" in self.fields:
+            self.fields["checkpoint_max_age_days"].widget.attrs.pop("max", None)
 
     def clean_checkpoint_max_age_days(self):
         days = self.cleaned_data["checkpoint_max_age_days"]

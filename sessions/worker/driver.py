@@ -246,10 +246,15 @@ class AgentDriver:
         await checkpoints.after_turn(self.info, self.backend, turn, seq)
 
     async def _unload_if_idle(self, relay_task) -> bool:
-        """Idle unload: no turn, nothing queued or pending for ALINEO_IDLE_UNLOAD_S.
-        Journaled first (so the watcher leaves the stopped sandbox alone), then
-        the bridge saves and exits and the sandbox is stopped; this driver ends
-        and its memory goes. A prompt brings it back (rung restart/resume, the
+        """Idle unload: no turn, nothing queued or pending for ALINEO_IDLE_UNLOAD_S
+        (sooner while another agent waits for a sandbox slot). The bridge saves
+        and exits and the sandbox is stopped; only then are `agent.unloaded`
+        and the freed slot committed, together, so the slot goes to another
+        agent only once this sandbox no longer runs (sessions/worker/slots.py).
+        Meanwhile the watcher may see the stopped sandbox: it only flags this
+        driver, which ends here. A crash before the commit leaves a live agent
+        with a stopped sandbox, which the ladder restarts. This driver ends and
+        its memory goes. A prompt brings it back (rung restart/resume, the
         bridge on its session: `session_start` fires with source "resume")."""
         status = await self.link.control.status()
         if (status.state is not BridgeState.IDLE or status.queued or status.paused
@@ -257,16 +262,16 @@ class AgentDriver:
                 or self.relay.cursor < status.head):
             return False
         info = self.info
-        await store.unloaded(info.id, [
-            ("agent.unloaded", {"sandbox_id": info.sandbox_id,
-                                "idle_s": settings.ALINEO_IDLE_UNLOAD_S}),
-            ("agent.status", {"status": "idle", "reason": UNLOADED})])
         try:
             await self.link.control.shutdown()
         except BridgeError as exc:
             log.info("agent %s: bridge shutdown at unload: %s", info.id, exc)
         relay_task.cancel()
         await asyncio.to_thread(self.backend.stop, info.sandbox_id)
+        await store.unloaded(info.id, [
+            ("agent.unloaded", {"sandbox_id": info.sandbox_id,
+                                "idle_s": settings.ALINEO_IDLE_UNLOAD_S}),
+            ("agent.status", {"status": "idle", "reason": UNLOADED})])
         log.info("agent %s: unloaded after %ss idle (sandbox %s stopped)", info.id,
                  settings.ALINEO_IDLE_UNLOAD_S, info.sandbox_id[:16])
         return True
