@@ -43,6 +43,10 @@ def in_use(workspace_id: int) -> int:
     return holders(workspace_id).count()
 
 
+def taken_by_others(workspace_id: int, agent_id: str) -> int:
+    return holders(workspace_id).exclude(pk=agent_id).count()
+
+
 def waiting_reason(used: int, workspace: Workspace) -> str:
     return (f"{WAITING}: {used} of {workspace.max_sandboxes} in use in workspace "
             f"{workspace.name!r} (quota max_sandboxes; an admin raises it in the admin, "
@@ -60,7 +64,7 @@ def claim(agent_id: str) -> bool:
         if agent.sandbox_slot:
             return True
         workspace = Workspace.objects.select_for_update().get(pk=agent.workspace_id)
-        used = holders(workspace.pk).exclude(pk=agent.pk).count()
+        used = taken_by_others(workspace.pk, agent.pk)
         waiting = agent.status_reason.startswith(WAITING)
         if used < workspace.max_sandboxes:
             Agent.objects.filter(pk=agent.pk).update(sandbox_slot=True)

@@ -105,14 +105,26 @@ def test_slots_are_per_workspace(make, workspace, other_workspace):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_claims_for_the_last_slot_cannot_both_win(make, workspace):
+def test_two_claims_for_the_last_slot_cannot_both_win(make, workspace, monkeypatch):
+    """Each claim pauses between its count and its write, waiting (bounded)
+    for the other to get there too — which only a missing workspace lock allows."""
     Workspace.objects.filter(pk=workspace.pk).update(max_sandboxes=1)
     agents = [make(), make()]
     results: dict[str, bool] = {}
-    barrier = threading.Barrier(2)
+    barrier = threading.Barrier(2, timeout=2)
+    count = slots.taken_by_others
+
+    def counted_then_paused(*args):
+        used = count(*args)
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError:
+            pass  # the other one waits for our lock: go on alone
+        return used
+
+    monkeypatch.setattr(slots, "taken_by_others", counted_then_paused)
 
     def claim(agent_id: str) -> None:
-        barrier.wait()
         try:
             results[agent_id] = slots.claim(agent_id)
         finally:
