@@ -17,7 +17,6 @@ from sessions.access import default_workspace, visible_agent
 from sessions.models import Agent, AgentStatus, CommandVerb
 
 from . import lineage, quotas
-
 from .base import (
     CommandRefused,
     Outcome,
