@@ -1,6 +1,7 @@
-"""Who is asking, and what they may see: a bearer token or a browser session,
-scoped to the user's workspaces. Another workspace's agent is a 404, not a 403,
-so ids cannot be probed."""
+"""Who is asking, and what they may see and do: a bearer token or a browser
+session, scoped to the user's workspaces. Another workspace's agent is a 404,
+not a 403, so ids cannot be probed. Seeing an agent lets a member command it;
+approving its held credentials takes more (:func:`may_approve`)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,16 @@ def visible_agent(user, agent_id: str) -> Agent | None:
 
 def default_workspace(user) -> Workspace | None:
     return workspaces_of(user).order_by("id").first()
+
+
+#: The Django permission that lets a member approve held credential bindings
+#: (sessions/models.py Credential.Meta.permissions; granted in the admin, on
+#: the user or on a group).
+APPROVE_PERMISSION = "agent_sessions.approve_credentials"
+
+
+def may_approve(user) -> bool:
+    """A workspace operator: staff, or a user (or group) granted
+    APPROVE_PERMISSION. Membership alone is not enough: a held binding is held
+    precisely so that the agent's own users cannot release its secret."""
+    return bool(user.is_active and (user.is_staff or user.has_perm(APPROVE_PERMISSION)))

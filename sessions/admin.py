@@ -13,22 +13,28 @@ from sandboxes import config
 
 from . import journal
 from .models import (
-    Agent, ApiToken, Checkpoint, Command, Credential, Event, RetentionSweep, Snapshot, Workspace,
+    ENDED, Agent, ApiToken, Checkpoint, Command, Credential, Event, RetentionSweep, Snapshot, Workspace,
 )
+from .specs import LIMIT_MAX
 
 MAX_DAYS = settings.ALINEO_CHECKPOINT_MAX_DAYS
+#: Workspace quotas (docs/SECURITY-quotas.md), edited on the workspace's page.
+QUOTA_FIELDS = ["max_agents", "max_depth", "max_sandboxes", "max_memory_mb", "max_pids",
+                "max_cpus", "max_streams_per_user"]
 
 
 class WorkspaceForm(forms.ModelForm):
     class Meta:
         model = Workspace
         fields = ["name", "members", "checkpoint_max_age_days", "keep_newest_checkpoints",
-                  "zero_data_retention"]
+                  "zero_data_retention", *QUOTA_FIELDS]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # No browser-side max: an over-long value must reach us and get the clear message.
-        self.fields["checkpoint_max_age_days"].widget.attrs.pop("max", None)
+        # (A view-only admin's form has no editable fields at all.)
+        if "checkpoint_max_age_days" in self.fields:
+            self.fields["checkpoint_max_age_days"].widget.attrs.pop("max", None)
 
     def clean_checkpoint_max_age_days(self):
         days = self.cleaned_data["checkpoint_max_age_days"]
@@ -63,9 +69,18 @@ class WorkspaceAdmin(admin.ModelAdmin):
     list_display = ["name", "checkpoint_max_age_days", "keep_newest_checkpoints", "zero_data_retention",
                     "checkpoints_kept"]
     filter_horizontal = ["members"]
-    readonly_fields = ["sweep_effect"]
+    readonly_fields = ["sweep_effect", "quota_usage"]
     fieldsets = [
         (None, {"fields": ["name", "members"]}),
+        ("Quotas", {
+            "fields": [*QUOTA_FIELDS, "quota_usage"],
+            "description": "What this workspace's agents and members may use at once. A spawn "
+                           "beyond a quota is refused with a quota.* error that names the field "
+                           "to raise here; an agent beyond the concurrent sandboxes waits for a "
+                           f"slot. Spec limits are capped here within the global maximum "
+                           f"({LIMIT_MAX['memory_mb']} MB, {LIMIT_MAX['pids']} processes, "
+                           f"{LIMIT_MAX['cpus']} CPUs).",
+        }),
         ("Retention policy", {
             "fields": ["checkpoint_max_age_days", "keep_newest_checkpoints", "zero_data_retention",
                        "sweep_effect"],
@@ -73,6 +88,16 @@ class WorkspaceAdmin(admin.ModelAdmin):
                            "sweep applies a change: it deletes what the policy no longer keeps.",
         }),
     ]
+
+    @admin.display(description="In use now")
+    def quota_usage(self, obj):
+        if obj is None or obj.pk is None:
+            return "Saved workspaces show what their agents use."
+        live = Agent.objects.filter(workspace=obj).exclude(status__in=ENDED)
+        # A sandbox slot as sessions/worker/slots.py counts it.
+        sandboxes = live.filter(sandbox_slot=True).count()
+        return format_html("{} of {} live agents, {} of {} sandboxes", live.count(),
+                           obj.max_agents, sandboxes, obj.max_sandboxes)
 
     @admin.display(description="Live checkpoints")
     def checkpoints_kept(self, obj):

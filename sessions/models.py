@@ -14,6 +14,8 @@ from django.db import models
 
 from sandboxes.archive import KEEP_CHECKPOINTS
 
+from .specs import LIMIT_MAX
+
 
 def new_agent_id() -> str:
     return "ag_" + secrets.token_hex(8)
@@ -35,6 +37,36 @@ class Workspace(models.Model):
     zero_data_retention = models.BooleanField(
         default=False, help_text="Take no checkpoints and no snapshots for this workspace's agents."
     )
+    # Quotas (docs/SECURITY-quotas.md). The defaults fit a 2-core machine; an
+    # admin raises them on the workspace's admin page.
+    max_agents = models.PositiveIntegerField(
+        "max live agents", default=32, validators=[MinValueValidator(1)],
+        help_text="Agents that have not ended (stopped, lost, unrecoverable). "
+                  "A spawn beyond it is refused (quota.agents).")
+    max_depth = models.PositiveSmallIntegerField(
+        "max tree depth", default=4, validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="A root agent is at depth 1, its child at 2 … A spawn deeper is refused "
+                  "(quota.depth).")
+    max_sandboxes = models.PositiveIntegerField(
+        "max concurrent sandboxes", default=8, validators=[MinValueValidator(1)],
+        help_text="Agents with a live sandbox. Beyond it a new or unloaded agent waits for a "
+                  "slot (its status says so) instead of starting.")
+    max_memory_mb = models.PositiveIntegerField(
+        "max memory per agent (MB)", default=4096,
+        validators=[MinValueValidator(1), MaxValueValidator(LIMIT_MAX["memory_mb"])],
+        help_text="The largest spec limits.memory_mb (quota.limits).")
+    max_pids = models.PositiveIntegerField(
+        "max processes per agent", default=1024,
+        validators=[MinValueValidator(1), MaxValueValidator(LIMIT_MAX["pids"])],
+        help_text="The largest spec limits.pids (quota.limits).")
+    max_cpus = models.FloatField(
+        "max CPUs per agent", default=2.0,
+        validators=[MinValueValidator(0.01), MaxValueValidator(LIMIT_MAX["cpus"])],
+        help_text="The largest spec limits.cpus (quota.limits).")
+    max_streams_per_user = models.PositiveSmallIntegerField(
+        "max open streams per user", default=16, validators=[MinValueValidator(1)],
+        help_text="Open SSE streams one member may hold on this workspace's agents, per serving "
+                  "process (quota.streams, 429).")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -118,6 +150,10 @@ class Agent(models.Model):
     # the facts it appends, so each bridge event is journaled exactly once.
     bridge_cursor = models.BigIntegerField(default=0)
     bridge_session = models.CharField(max_length=64, blank=True)
+    # One of its workspace's concurrent sandbox slots (Workspace.max_sandboxes):
+    # taken by the worker before it starts a sandbox (sessions/worker/slots.py),
+    # given back at idle unload; an ended agent holds none, whatever this says.
+    sandbox_slot = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -276,6 +312,9 @@ class Credential(models.Model):
             models.UniqueConstraint(fields=["workspace", "name"], name="credential_workspace_name_unique")
         ]
         ordering = ["workspace", "name"]
+        # Approving a held binding (POST /api/agents/{id}/approve) needs this
+        # permission or staff status (sessions/access.py may_approve).
+        permissions = [("approve_credentials", "Can approve held credentials for a sandbox start")]
 
     def __str__(self) -> str:
         return f"{self.workspace}/{self.name}"

@@ -1,9 +1,11 @@
-"""Shared actors: an owner and a teammate in one workspace, an outsider in another."""
+"""Shared actors: an owner and a teammate in one workspace, an outsider in
+another, and an operator (a member granted agent_sessions.approve_credentials)."""
 
 from __future__ import annotations
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 
 from sessions.models import Agent, ApiToken, Workspace
 
@@ -87,6 +89,24 @@ def teammate(workspace):
 @pytest.fixture
 def outsider(other_workspace):
     return _user("oscar", other_workspace)
+
+
+def grant_approve(user):
+    """Grant the permission that approves held credentials (as an admin does
+    in the admin); returns the user re-read, since Django caches permissions."""
+    user.user_permissions.add(approve_permission())
+    return get_user_model().objects.get(pk=user.pk)
+
+
+def approve_permission() -> Permission:
+    return Permission.objects.get(codename="approve_credentials",
+                                  content_type__app_label="agent_sessions")
+
+
+@pytest.fixture
+def operator(workspace):
+    """A member of the owner's workspace who may approve held credentials."""
+    return grant_approve(_user("opal", workspace))
 
 
 @pytest.fixture

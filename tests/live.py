@@ -229,6 +229,25 @@ class LiveServer:
         )
         return Actor(username, data["workspace"], data["token"], data["user_id"])
 
+    def grant(self, actor: Actor, codename: str = "approve_credentials") -> None:
+        """Grant the actor an agent_sessions permission, as an admin does in
+        the admin (approve_credentials: approving held credentials)."""
+        self.django(
+            "from django.contrib.auth import get_user_model\n"
+            "from django.contrib.auth.models import Permission\n"
+            f"perm = Permission.objects.get(codename={codename!r}, "
+            "content_type__app_label='agent_sessions')\n"
+            f"get_user_model().objects.get(pk={actor.user_id}).user_permissions.add(perm)\n"
+        )
+
+    def set_quotas(self, actor: Actor, **quotas: int) -> None:
+        """Set the actor's workspace quotas (Workspace.max_agents, max_sandboxes,
+        max_streams_per_user …), as an admin does in the admin."""
+        self.django(
+            "from sessions.models import Workspace\n"
+            f"Workspace.objects.filter(name={actor.workspace!r}).update(**{quotas!r})\n"
+        )
+
     def create_agent(self, actor: Actor, events: list[tuple[str, dict]] | None = None) -> str:
         """An agent in the actor's workspace, with these facts already journaled."""
         return self.django(

@@ -8,6 +8,13 @@ afterwards, so an idle stream holds no thread and no DB connection.
 
 Rows come only from the journal: a wake-up or a heartbeat just means "re-read
 after the cursor", so a resume has no gaps and no duplicates.
+
+Each member may hold ``Workspace.max_streams_per_user`` open streams on the
+workspace's agents; one more is a 429 ``quota.streams`` (JSON). They are
+counted in this serving process (:data:`OPEN`): every stream lives on its
+process's one event loop, so the count is exact there and needs no database
+or lock, and it frees itself when the process goes. With several web
+processes (docs/DEPLOYMENT.md) a member may hold the quota on each.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import json
 import logging
 import random
 import re
+from dataclasses import dataclass
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
@@ -27,6 +35,7 @@ from django.db import DatabaseError
 
 from sessions import journal, wakeups
 from sessions.access import user_from_bearer, visible_agent
+from sessions.models import Workspace
 
 from .errors import ApiError, not_found
 
@@ -83,17 +92,72 @@ def _query_after(scope) -> str | None:
     return values[0] if values else None
 
 
+class OpenStreams:
+    """Open streams per (user, workspace) in this process. Used from the event
+    loop only (take and give_back never await), so it needs no lock."""
+
+    def __init__(self):
+        self.counts: dict[tuple[int, int], int] = {}
+
+    def take(self, key: tuple[int, int], cap: int) -> bool:
+        if self.counts.get(key, 0) >= cap:
+            return False
+        self.counts[key] = self.counts.get(key, 0) + 1
+        return True
+
+    def give_back(self, key: tuple[int, int]) -> None:
+        left = self.counts.get(key, 0) - 1
+        if left > 0:
+            self.counts[key] = left
+        else:
+            self.counts.pop(key, None)
+
+    def held(self, key: tuple[int, int]) -> int:
+        return self.counts.get(key, 0)
+
+
+OPEN = OpenStreams()
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """Who may stream which agent, and their workspace's stream quota."""
+
+    agent_id: str
+    user_id: int
+    workspace: str
+    workspace_id: int
+    cap: int
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.user_id, self.workspace_id)
+
+
 @database_sync_to_async
-def _authorize(authorization: str | None, session_user, agent_id: str) -> str:
-    """The agent id the caller may stream, or an ApiError (401 / 404)."""
+def _authorize(authorization: str | None, session_user, agent_id: str) -> Allowed:
+    """Who asks for which agent's stream, or an ApiError (401 / 404)."""
     user = user_from_bearer(authorization)
     if user is None and session_user is not None and session_user.is_authenticated:
         user = session_user
     if user is None:
         raise ApiError(401, "auth.required", "Send a bearer token or log in.")
-    if visible_agent(user, agent_id) is None:
+    agent = visible_agent(user, agent_id)
+    if agent is None:
         raise not_found("agent")
-    return agent_id
+    name, cap = Workspace.objects.filter(pk=agent.workspace_id).values_list(
+        "name", "max_streams_per_user").get()
+    return Allowed(agent_id, user.pk, name, agent.workspace_id, cap)
+
+
+def over_quota(allowed: Allowed) -> ApiError:
+    return ApiError(
+        429, "quota.streams",
+        f"You have {OPEN.held(allowed.key)} streams open on agents of workspace "
+        f"{allowed.workspace!r} (on this server process), its quota per user "
+        f"(max_streams_per_user = {allowed.cap}). Close one (a browser tab, a client) and "
+        f"retry; an admin raises it in the admin: Workspaces → {allowed.workspace} → Quotas.",
+        quota="max_streams_per_user", limit=allowed.cap)
 
 
 @database_sync_to_async
@@ -114,6 +178,7 @@ class TranscriptStream(AsyncHttpConsumer):
         self.closed = False
         self.subscribed = False
         self.heartbeat: asyncio.Task | None = None
+        self.quota_key: tuple[int, int] | None = None  # counted in OPEN while set
 
     async def __call__(self, scope, receive, send):
         try:
@@ -142,14 +207,21 @@ class TranscriptStream(AsyncHttpConsumer):
             raise ApiError(405, "method.not_allowed", "The stream answers GET only.")
         agent_id = self.scope["url_route"]["kwargs"]["agent_id"]
         user = self.scope.get("user")
-        self.agent_id = await _authorize(_header(self.scope, b"authorization"), user, agent_id)
-        return parse_cursor(_header(self.scope, b"last-event-id"), _query_after(self.scope))
+        allowed = await _authorize(_header(self.scope, b"authorization"), user, agent_id)
+        self.agent_id = allowed.agent_id
+        cursor = parse_cursor(_header(self.scope, b"last-event-id"), _query_after(self.scope))
+        if not OPEN.take(allowed.key, allowed.cap):
+            raise over_quota(allowed)
+        self.quota_key = allowed.key  # given back in _cleanup, however the stream ends
+        return cursor
 
     async def _refuse(self, exc: ApiError) -> None:
         body = json.dumps({"code": exc.code, "message": exc.message, **exc.extra}).encode()
         headers = [(b"Content-Type", b"application/json")]
         if exc.status == 405:
             headers.append((b"Allow", b"GET"))
+        if exc.status == 429:
+            headers.append((b"Retry-After", b"10"))
         await self.send_headers(status=exc.status, headers=headers)
         await self.send_body(body)
 
@@ -227,6 +299,9 @@ class TranscriptStream(AsyncHttpConsumer):
         if self.closed:
             return
         self.closed = True
+        if self.quota_key is not None:
+            OPEN.give_back(self.quota_key)
+            self.quota_key = None
         if self.heartbeat is not None and self.heartbeat is not asyncio.current_task():
             self.heartbeat.cancel()
         if self.subscribed:

@@ -43,6 +43,7 @@ from .errors import (
     Conflict,
     InvalidRequest,
     NotFound,
+    QuotaExceeded,
     ServerError,
     Timeout,
     TransportError,
@@ -52,6 +53,7 @@ from .turns import Chunk, Event, Turn, reply_text, text_only
 __all__ = [
     "Alineo", "Agent", "AttachedAgent", "Sandbox", "Turn", "Chunk", "Event", "text_only",
     "reply_text", "AlineoError", "TransportError", "AuthError", "NotFound", "Conflict",
-    "AgentEnded", "CheckpointExpired", "InvalidRequest", "ServerError", "CommandFailed",
+    "AgentEnded", "CheckpointExpired", "InvalidRequest", "QuotaExceeded", "ServerError",
+    "CommandFailed",
     "BridgeUnavailable", "CheckpointFailed", "Timeout",
 ]

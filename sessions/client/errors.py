@@ -59,6 +59,13 @@ class CheckpointExpired(Conflict):
     """409 runtime.checkpoint_expired / runtime.session_history_unavailable."""
 
 
+class QuotaExceeded(AlineoError):
+    """A workspace quota (``quota.agents``, ``quota.depth``, ``quota.limits``,
+    ``quota.streams``): ``body`` names it (``quota``, ``limit``). A 429 (agents,
+    streams) clears when an agent ends or a stream closes; an admin raises any
+    of them (docs/SECURITY-quotas.md)."""
+
+
 class ServerError(AlineoError):
     """A 5xx other than 502/503/504 (a bug on the server)."""
 
@@ -94,6 +101,9 @@ def error_for(status: int, body: Any) -> AlineoError:
     body = body if isinstance(body, dict) else {}
     code = str(body.get("code") or f"http.{status}")
     message = str(body.get("message") or f"HTTP {status}")
+    if code.startswith("quota.") and 400 <= status < 500:
+        return QuotaExceeded(message, status=status, code=code, body=body,
+                             permanent=status != 429)
     if status in (401, 403):
         cls = AuthError
     elif status == 404:

@@ -3,6 +3,8 @@ journaled first and acted on later by the worker (sessions/worker/).
 
     base.py     the transaction, idempotency, body checks, CommandRefused
     spawn.py    spawn, spawn_child (an agent's request), the one spawn body
+    lineage.py  a child's spec: inherited from its parent, never wider than it
+    quotas.py   the workspace quotas a spawn must fit (quota.*)
     agent.py    prompt, steer, interrupt, pause, resume, stop, reattach, rebridge, checkpoint
     fork.py     fork from a checkpoint or an event
     approve.py  an operator's approval of held credentials

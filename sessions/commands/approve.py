@@ -1,6 +1,8 @@
 """`POST /api/agents/{id}/approve`: an operator approves the held credential
 bindings an agent waits for (sessions/approvals.py reads what it waits for
-from the transcript)."""
+from the transcript). An operator is staff or holds the permission
+``agent_sessions.approve_credentials`` (sessions/access.py may_approve); any
+other member gets 403 ``approval.forbidden``, and nothing is written."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from sessions import journal
+from sessions.access import APPROVE_PERMISSION, may_approve
 from sessions.approvals import APPROVED, state_of
 from sessions.models import Command, CommandState, CommandVerb
 
@@ -48,7 +51,13 @@ def approve(user, agent_id: str, body: Any, key: str | None = None) -> Outcome:
 
 
 def _approve(user, agent_id: str, names: list[str] | None, key, digest) -> Outcome:
-    agent = locked(user, agent_id, "agent")
+    agent = locked(user, agent_id, "agent")  # another workspace's agent: 404 first
+    if not may_approve(user):
+        raise CommandRefused(
+            403, "approval.forbidden",
+            f"Approving held credentials needs a workspace operator: staff, or the permission "
+            f"{APPROVE_PERMISSION} (an admin grants it to a user or a group in the admin). "
+            f"{user.get_username()} has neither.", permission=APPROVE_PERMISSION)
     refuse_if_ended(agent)
     state = state_of(agent)
     if not state.waiting:

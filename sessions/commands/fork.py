@@ -7,7 +7,9 @@
   prefix 1..seq on a fresh disk; 409 `runtime.session_history_unavailable`
   when that complete prefix cannot be read.
 
-The source agent is not touched. The fork's `agent.spawned` fact records where
+The source agent is not touched. A fork is a new agent: it fits the
+workspace's quotas, and under a ``parent`` it is no wider than that parent
+(sessions/commands/lineage.py). The fork's `agent.spawned` fact records where
 it came from (`fork`), and the worker builds its sandbox from that
 (sessions/worker/ladder.py, provision_fork).
 """
@@ -36,7 +38,8 @@ from .base import (
     refuse_if_ended,
     request_hash,
 )
-from .spawn import create_agent
+from . import lineage, quotas
+from .spawn import create_agent, normalized
 
 ORIGINS = ("checkpoint", "at_event")
 
@@ -66,7 +69,12 @@ def _fork(user, agent_id, body, parent_id, prompt, key, digest) -> Outcome:
     parent = locked(user, parent_id, "parent") if parent_id is not None else None
     if parent is not None:
         refuse_if_ended(parent)
-    return create_agent(user, workspace=source.workspace, parent=parent, spec=source.spec,
+        lineage.refuse_if_wider(parent.id, normalized(parent.spec), normalized(source.spec))
+    # A fork is a new agent: the workspace's quotas hold for it as for a spawn
+    # (its limits are the source's, lowered to the caps if these shrank since).
+    workspace = quotas.locked_workspace(source.workspace_id)
+    spec = quotas.check_spawn(workspace, parent, source.spec, set())
+    return create_agent(user, workspace=workspace, parent=parent, spec=spec,
                         prompt=prompt, verb=CommandVerb.FORK, key=key, digest=digest, fork=origin)
 
 

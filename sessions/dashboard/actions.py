@@ -16,6 +16,8 @@ from .. import commands
 from ..forms import SpawnForm, TextCommandForm
 from .common import agent_or_404, login_required, summarize
 
+SPEC_CODES = ("spawn.escalation", "quota.limits")
+
 VERB_LABELS = {
     "prompt": "Prompt",
     "steer": "Steer",
@@ -54,7 +56,9 @@ def spawn(request):
                 outcome = commands.spawn(request.user, form.body(), _key(request, form))
             except commands.CommandRefused as exc:
                 status = exc.status
-                field = "spec" if exc.code.startswith("spec.") else None
+                # A spec the workspace or the parent does not allow is shown on
+                # the spec; another quota (agents, depth) above the form.
+                field = "spec" if exc.code.startswith("spec.") or exc.code in SPEC_CODES else None
                 if exc.code == "request.text_too_long" or "prompt" in exc.message[:7]:
                     field = "prompt"
                 form.add_error(field, exc.message)

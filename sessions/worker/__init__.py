@@ -9,6 +9,7 @@ inside `manage.py serve` (the embedded default) or as `manage.py runworker`
     claims.py      taking/giving up leases (sessions/leases.py) + agent.worker facts
     driver.py      one task per agent: ensure the sandbox, act on its commands
     link.py        the driver's two connections to its bridge
+    slots.py       the workspace's concurrent sandbox slots: claim, wait, release
     relay.py       bridge events → transcript, exactly once; the bridge's requests
     ladder.py      the restore ladder: reattach … lost; plans.py picks what a
                    fresh sandbox starts from, settling.py settles dangling turns

@@ -83,6 +83,8 @@ class AgentInfo:
     keep: int
     secrets: tuple[Secret, ...] = field(default=())  # bound values: the env, and redaction
     sandbox_host: str = ""  # the engine that holds sandbox_id (sandboxes.backends.backend_for)
+    sandbox_slot: bool = False  # holds one of the workspace's sandbox slots (slots.py)
+    workspace_id: int = 0
 
     @property
     def launch(self) -> Launch:

@@ -2,7 +2,9 @@
 supervisor.py keeps at most one per agent per process).
 
 A driver (1) ensures the agent's sandbox — creates one with the backend when
-the agent has none (sandboxes/launch.py), or climbs the restore ladder
+the agent has none (sandboxes/launch.py; after its held credentials are
+approved and in a free sandbox slot of its workspace, sessions/worker/
+slots.py), or climbs the restore ladder
 (sessions/worker/ladder.py) to the one it has; (2) holds a :class:`BridgeLink`
 to its bridge; (3) runs a :class:`Relay` that journals the bridge's events
 exactly once; (4) acts on the agent's pending Command rows in id order;
@@ -44,7 +46,7 @@ from sandboxes.bridge_client import BridgeError, BridgeRequestError, BridgeUnava
 from sessions import approvals, leases
 from sessions.models import ENDED, CommandState
 
-from . import checkpoints, ladder, operations, store
+from . import checkpoints, ladder, operations, slots, store
 from .context import (
     AgentInfo,
     AgentLost,
@@ -62,18 +64,23 @@ log = logging.getLogger(__name__)
 CONNECT_RETRY_S = 15
 SAFETY_POLL_S = 5
 UNLOADED = "unloaded"  # the status reason of an agent whose sandbox idle unload stopped
+MAKE_ROOM_S = 10  # quiet this long, an agent gives its slot to one that waits (slots.py)
 
 
 class IdleClock:
-    """When an agent has been quiet (no new bridge event) for ALINEO_IDLE_UNLOAD_S."""
+    """When an agent has been quiet (no new bridge event) for ALINEO_IDLE_UNLOAD_S,
+    or for MAKE_ROOM_S while another agent of its workspace waits for a
+    sandbox slot (``make_room``: its idle sandbox is the slot that one needs)."""
 
     def __init__(self, cursor: int):
         self.cursor, self.since = cursor, time.monotonic()
 
-    def due(self, cursor: int) -> bool:
+    def due(self, cursor: int, make_room: bool = False) -> bool:
         if cursor != self.cursor:
             self.cursor, self.since = cursor, time.monotonic()
         limit = settings.ALINEO_IDLE_UNLOAD_S
+        if make_room:
+            limit = min(limit, MAKE_ROOM_S) if limit else MAKE_ROOM_S
         return bool(limit) and time.monotonic() - self.since >= limit
 
 
@@ -85,6 +92,7 @@ class AgentDriver:
         self.healthy = False
         self.served = False  # it reached a bridge and acted (not only waited, e.g. for an approval)
         self.check_sandbox = False
+        self.make_room = False  # another agent of the workspace waits for a sandbox slot
         self.wake = asyncio.Event()
         self.backend = get_backend()
         self.info: AgentInfo | None = None
@@ -98,6 +106,13 @@ class AgentDriver:
 
     def kick(self) -> None:
         self.wake.set()
+
+    def room_wanted(self, wanted: bool) -> None:
+        """The supervisor's scan: does another agent of this workspace wait for
+        a sandbox slot? Then an idle sandbox is unloaded after MAKE_ROOM_S."""
+        if wanted and not self.make_room:
+            self.wake.set()
+        self.make_room = wanted
 
     def sandbox_gone(self) -> None:
         """The supervisor's watcher saw the sandbox not running: re-check now."""
@@ -141,6 +156,10 @@ class AgentDriver:
         if not await self._reload():
             return False
         if not self._ended():
+            # A sandbox that idle unload stopped comes back only into a free
+            # slot (sessions/worker/slots.py); a running or lost one keeps its own.
+            if not self.info.sandbox_slot and not await _slot(self.agent_id):
+                return False
             await self._recover(boot=self.boot)
             return True
         if not await self._act_without_sandbox():
@@ -148,6 +167,9 @@ class AgentDriver:
         # Held credentials: no sandbox (and no secret) before an operator
         # approved them; approval_requested is journaled and we wait.
         if not await _approved(self.agent_id, approvals.FIRST_START):
+            return False
+        # Then a free sandbox slot of the workspace, or the status says it waits.
+        if not await _slot(self.agent_id):
             return False
         origin = await store.fork_origin(self.agent_id)
         if origin is not None:
@@ -195,7 +217,8 @@ class AgentDriver:
                 self.wake.clear()
                 if await self._act_on_commands(relay_task):
                     return True
-                if idle.due(self.relay.cursor) and await self._unload_if_idle(relay_task):
+                if (idle.due(self.relay.cursor, self.make_room)
+                        and await self._unload_if_idle(relay_task)):
                     return True
                 await self._wait(relay_task)
         finally:
@@ -223,10 +246,15 @@ class AgentDriver:
         await checkpoints.after_turn(self.info, self.backend, turn, seq)
 
     async def _unload_if_idle(self, relay_task) -> bool:
-        """Idle unload: no turn, nothing queued or pending for ALINEO_IDLE_UNLOAD_S.
-        Journaled first (so the watcher leaves the stopped sandbox alone), then
-        the bridge saves and exits and the sandbox is stopped; this driver ends
-        and its memory goes. A prompt brings it back (rung restart/resume, the
+        """Idle unload: no turn, nothing queued or pending for ALINEO_IDLE_UNLOAD_S
+        (sooner while another agent waits for a sandbox slot). The bridge saves
+        and exits and the sandbox is stopped; only then are `agent.unloaded`
+        and the freed slot committed, together, so the slot goes to another
+        agent only once this sandbox no longer runs (sessions/worker/slots.py).
+        Meanwhile the watcher may see the stopped sandbox: it only flags this
+        driver, which ends here. A crash before the commit leaves a live agent
+        with a stopped sandbox, which the ladder restarts. This driver ends and
+        its memory goes. A prompt brings it back (rung restart/resume, the
         bridge on its session: `session_start` fires with source "resume")."""
         status = await self.link.control.status()
         if (status.state is not BridgeState.IDLE or status.queued or status.paused
@@ -234,16 +262,16 @@ class AgentDriver:
                 or self.relay.cursor < status.head):
             return False
         info = self.info
-        await store.append(info.id, [
-            ("agent.unloaded", {"sandbox_id": info.sandbox_id,
-                                "idle_s": settings.ALINEO_IDLE_UNLOAD_S}),
-            ("agent.status", {"status": "idle", "reason": UNLOADED})])
         try:
             await self.link.control.shutdown()
         except BridgeError as exc:
             log.info("agent %s: bridge shutdown at unload: %s", info.id, exc)
         relay_task.cancel()
         await asyncio.to_thread(self.backend.stop, info.sandbox_id)
+        await store.unloaded(info.id, [
+            ("agent.unloaded", {"sandbox_id": info.sandbox_id,
+                                "idle_s": settings.ALINEO_IDLE_UNLOAD_S}),
+            ("agent.status", {"status": "idle", "reason": UNLOADED})])
         log.info("agent %s: unloaded after %ss idle (sandbox %s stopped)", info.id,
                  settings.ALINEO_IDLE_UNLOAD_S, info.sandbox_id[:16])
         return True
@@ -350,3 +378,4 @@ class AgentDriver:
 
 
 _approved = database_sync_to_async(approvals.ensure_approved)
+_slot = database_sync_to_async(slots.claim)

@@ -205,7 +205,9 @@ def _spawn_child(agent_id: str, prompt, spec, key: str) -> str:
     try:
         return commands.spawn_child(agent_id, prompt, spec if isinstance(spec, dict) else None, key)
     except commands.CommandRefused as exc:
-        raise Refused(exc.code, exc.message) from exc
+        # The tool shows the message only (sandboxes/bridge/requests.py): the
+        # code goes in front, so a model can tell a quota from an escalation.
+        raise Refused(exc.code, f"{exc.code}: {exc.message}") from exc
 
 
 @database_sync_to_async

@@ -12,6 +12,7 @@ from sandboxes.bridge.protocol import BridgeEvent
 from sessions import credentials, journal
 from sessions.models import Agent, Command, CommandState, Event, iso_ts
 
+from . import slots
 from .context import AgentInfo, PendingCommand
 
 #: Verbs whose Command row carries the text of its fact (``command.<verb>``).
@@ -29,7 +30,7 @@ def load(agent_id: str) -> AgentInfo | None:
                      a.bridge_session, ws.zero_data_retention, ws.checkpoint_max_age_days,
                      ws.keep_newest_checkpoints,
                      tuple(credentials.secrets_for(ws.id, spec.get("credentials") or [])),
-                     a.sandbox_host)
+                     a.sandbox_host, a.sandbox_slot, a.workspace_id)
 
 
 @database_sync_to_async
@@ -99,6 +100,14 @@ def fork_origin(agent_id: str) -> dict | None:
 @database_sync_to_async
 def append(agent_id: str, facts) -> None:
     journal.append_many(agent_id, facts)
+
+
+@database_sync_to_async
+def unloaded(agent_id: str, facts) -> None:
+    """Idle unload's facts, and the agent's sandbox slot given back with them."""
+    with transaction.atomic():
+        journal.append_many(agent_id, facts)
+        slots.release(agent_id)
 
 
 @database_sync_to_async

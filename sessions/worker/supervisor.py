@@ -12,7 +12,9 @@ backend's sandboxes once and sends the ladder to agents whose sandbox is not
 running, without waiting for a prompt or a driver's backoff. The scan runs at start, on every
 wake-up (``kick()``, from the worker consumer on ``command.pending``) and every
 ``SCAN_S`` seconds as a safety net, because wake-ups are best effort. A driver
-that fails is started again after a backoff (1 s doubling to 60 s).
+that fails is started again after a backoff (1 s doubling to 60 s). Each scan
+also tells the drivers whether an agent of their workspace waits for a
+sandbox slot (sessions/worker/slots.py), so an idle one makes room sooner.
 
 Never two drivers for one agent in a process; across processes (several
 workers) a driver starts only once this worker holds the agent's lease
@@ -36,7 +38,7 @@ from sandboxes.backends.base import SandboxStatus
 from sessions import backup, leases
 from sessions.models import ENDED, Agent, Command, CommandState
 
-from . import claims, retention
+from . import claims, retention, slots
 from .driver import UNLOADED, AgentDriver
 
 log = logging.getLogger(__name__)
@@ -138,11 +140,14 @@ class Supervisor:
     async def scan(self) -> None:
         now = time.monotonic()
         to_start = []
+        crowded = await _workspaces_waiting()
         for agent_id in await _agents_with_work():
             driver = self.objects.get(agent_id)
             if agent_id in self.drivers and driver is not None:
                 if driver.healthy:
                     self.failures.pop(agent_id, None)  # it recovered: the backoff starts over
+                if driver.info is not None:
+                    driver.room_wanted(driver.info.workspace_id in crowded)
                 driver.kick()
                 continue
             _count, not_before = self.failures.get(agent_id, (0, 0.0))
@@ -257,6 +262,9 @@ def _live():
     return (Agent.objects.exclude(sandbox_id="")
             .exclude(status__in=ENDED)
             .exclude(status="idle", status_reason=UNLOADED))
+
+
+_workspaces_waiting = database_sync_to_async(slots.workspaces_waiting)
 
 
 @database_sync_to_async

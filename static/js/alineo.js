@@ -84,9 +84,12 @@
     this.watchOlder();
     this.follow();
   }
-  Transcript.prototype.setState = function (state) {
+  Transcript.prototype.setState = function (state, message) {
     this.box.dataset.state = state;
-    if (this.banner) this.banner.hidden = state !== "reconnecting";
+    if (!this.banner) return;
+    if (!this.banner.dataset.text) this.banner.dataset.text = this.banner.textContent;
+    this.banner.textContent = state === "quota" ? message : this.banner.dataset.text;
+    this.banner.hidden = state !== "reconnecting" && state !== "quota";
   };
   Transcript.prototype.fetchRows = function (param, seq) {
     var url = this.rowsUrl + "?" + param + "=" + seq;
@@ -153,6 +156,12 @@
             location.href = "/accounts/login/?next=" + encodeURIComponent(location.pathname); return;
           }
           if (resp.status === 404) { self.setState("gone"); return; }
+          if (resp.status === 429) {  // quota.streams: say so, and try again slowly
+            return resp.json().catch(function () { return {}; }).then(function (body) {
+              self.setState("quota", body.message || "Too many open streams.");
+              setTimeout(connect, 10000);
+            });
+          }
           if (!resp.ok || !resp.body) throw new Error("HTTP " + resp.status);
           self.setState("live"); delay = 500;
           self.pull();

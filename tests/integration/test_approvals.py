@@ -10,6 +10,7 @@ import time
 import uuid
 
 import httpx
+import pytest
 
 from tests.integration.test_credentials import nowhere_but_the_credential_table, store_secret
 from tests.integration.test_ladder import remove_sandbox, settled_once
@@ -17,6 +18,13 @@ from tests.integration.worlds import count_of, events_of
 
 
 HOLD = {"model": "demo", "credentials": [{"name": "tok", "env": "TOK", "approval": "hold"}]}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _actor_operates(world):
+    """Approving takes a workspace operator (the permission
+    agent_sessions.approve_credentials): the world's actor is granted it."""
+    world.server.grant(world.actor)
 
 
 def _requests(events, reason: str | None = None) -> list[dict]:

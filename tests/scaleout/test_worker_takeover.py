@@ -40,7 +40,10 @@ def _finished_turns(events: list[dict]) -> list[int]:
 
 
 def test_a_killed_workers_agents_are_taken_over_and_every_turn_settles_once(
-        tmp_path, web_server, owner, owner_token):
+        tmp_path, web_server, workspace, owner, owner_token):
+    # All 20 run at once: more than the default quota of concurrent sandboxes.
+    workspace.max_sandboxes = AGENTS
+    workspace.save(update_fields=["max_sandboxes"])
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     web = web_server(env={"ALINEO_SANDBOX": "local"})

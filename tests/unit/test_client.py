@@ -154,6 +154,10 @@ def test_a_refused_connection_is_a_transport_error():
     (409, "runtime.checkpoint_expired", c.CheckpointExpired, True),
     (409, "checkpoint.disabled", c.Conflict, True),
     (422, "idempotency.key_reused", c.InvalidRequest, True),
+    (429, "quota.agents", c.QuotaExceeded, False),
+    (409, "quota.depth", c.QuotaExceeded, True),
+    (400, "quota.limits", c.QuotaExceeded, True),
+    (403, "spawn.escalation", c.AuthError, True),
     (500, "server.error", c.ServerError, False),
 ])
 def test_errors_map_to_typed_exceptions(srv, status, code, cls, permanent):

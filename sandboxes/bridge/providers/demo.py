@@ -6,6 +6,8 @@ It reads directives in the latest user message (prompt or steer), one a line:
     write <path>: <text>      → a write tool call ("\\n" in <text> becomes a newline)
     read: <path>              → a read tool call
     spawn: <prompt>           → a spawn tool call (asks the control plane for a child)
+    spawn: {"prompt": …, "spec": {…}}
+                              → the same with a child spec, as a real model may send
     sleep: <seconds>          → a bash `sleep` tool call (a long step, for fault tests)
     say: <text>               → <text> in the reply
 
@@ -17,6 +19,7 @@ directive gets a short plain reply.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 
@@ -88,7 +91,21 @@ def _directive(line: str) -> tuple[dict, str, str | None]:
         return {"command": f"sleep {shlex.quote(value)}"}, "bash", None
     if key == "read":
         return {"path": value}, "read", None
-    return {"prompt": value}, "spawn", None
+    return _spawn_input(value), "spawn", None
+
+
+def _spawn_input(value: str) -> dict:
+    """`spawn:`'s tool input: a JSON object with a prompt (and a spec) passes
+    as is, so the demo can ask for any child a real model could; any other
+    text is the child's prompt."""
+    if value.startswith("{"):
+        try:
+            asked = json.loads(value)
+        except ValueError:
+            asked = None
+        if isinstance(asked, dict) and isinstance(asked.get("prompt"), str):
+            return {k: v for k, v in asked.items() if k in ("prompt", "spec")}
+    return {"prompt": value}
 
 
 def _summary(results: list[dict]) -> str:

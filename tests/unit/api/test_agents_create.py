@@ -259,3 +259,45 @@ def test_wake_up_reaches_the_worker_on_the_serving_loop(settings):
         thread.join()
         loop.close()
     assert message == {"type": "command.pending", "command": 9}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_spawns_for_the_last_place_of_the_agents_quota_cannot_both_win(owner, workspace,
+                                                                          monkeypatch):
+    """The count and the insert happen under the workspace row's lock
+    (sessions/commands/quotas.py): the second spawn counts after the first
+    committed. Each spawn pauses between its count and its insert, waiting
+    (bounded) for the other to get there too, which only a missing lock allows."""
+    from django.db import connection
+
+    from sessions.commands import quotas
+
+    Workspace.objects.filter(pk=workspace.pk).update(max_agents=1)
+    barrier = threading.Barrier(2, timeout=2)
+    counted = quotas.capped_limits
+
+    def after_the_count(*args, **kwargs):
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError:
+            pass  # the other one waits for our lock: go on alone
+        return counted(*args, **kwargs)
+
+    monkeypatch.setattr(quotas, "capped_limits", after_the_count)
+    outcomes: list[str] = []
+
+    def spawn(i: int) -> None:
+        try:
+            outcomes.append(str(commands.spawn(owner, {"spec": {"model": "demo"}}, f"k{i}").status))
+        except commands.CommandRefused as exc:
+            outcomes.append(exc.code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=spawn, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(outcomes) == ["201", "quota.agents"], outcomes
+    assert Agent.objects.count() == 1

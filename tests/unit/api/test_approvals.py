@@ -1,16 +1,21 @@
 """Held credentials: POST /api/agents/{id}/approve and the "is an approval
-needed now" logic read from the transcript (sessions.approvals)."""
+needed now" logic read from the transcript (sessions.approvals). Approving
+takes a workspace operator: staff, or the permission
+agent_sessions.approve_credentials (here the owner is granted it; the
+teammate is not). The attacks on it are in tests/security/test_escalation.py."""
 
 from unittest import mock
 
 import pytest
+from django.contrib.auth.models import Group
 
 from sessions import approvals, commands, journal
 from sessions.approvals import APPROVED, REQUESTED, approval_state
 from sessions.credentials import set_secret
-from sessions.models import Agent, Command, Event
+from sessions.models import Agent, ApiToken, Command, Event
+from tests.conftest import approve_permission, grant_approve
 
-from .conftest import assert_error
+from .conftest import Caller, assert_error
 
 pytestmark = pytest.mark.django_db
 
@@ -129,6 +134,12 @@ def test_an_agent_with_nothing_held_is_never_stopped(workspace, owner):
 # --- the endpoint ------------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def _owner_operates(owner):
+    """The owner is a workspace operator in these tests (granted the permission)."""
+    grant_approve(owner)
+
+
 @pytest.fixture
 def waiting(held_agent):
     approvals.ensure_approved(held_agent.id, approvals.FIRST_START)
@@ -164,8 +175,35 @@ def test_approve_some_bindings_then_the_rest(api, waiting):
     assert approvals.ensure_approved(waiting, approvals.FIRST_START) is True
 
 
-def test_a_teammate_may_approve(teammate_api, teammate, waiting):
-    r = teammate_api.post(f"/api/agents/{waiting}/approve/")
+def test_a_teammate_without_the_permission_is_a_403_and_nothing_is_written(teammate_api, waiting):
+    before = (types(waiting), Command.objects.count())
+    body = assert_error(teammate_api.post(f"/api/agents/{waiting}/approve/"), 403,
+                        "approval.forbidden")
+    assert body["permission"] == "agent_sessions.approve_credentials"
+    assert "agent_sessions.approve_credentials" in body["message"]
+    assert (types(waiting), Command.objects.count()) == before
+    assert approvals.ensure_approved(waiting, approvals.FIRST_START) is False
+
+
+def test_a_teammate_granted_the_permission_may_approve_and_is_journaled(teammate, waiting):
+    teammate = grant_approve(teammate)
+    r = Caller(ApiToken.issue(teammate)[1]).post(f"/api/agents/{waiting}/approve/")
+    assert r.status_code == 202, r.content
+    assert Event.objects.get(agent_id=waiting, type=APPROVED).data["by"] == teammate.username
+
+
+def test_the_permission_may_come_from_a_group(teammate, waiting):
+    operators = Group.objects.create(name="operators")
+    operators.permissions.add(approve_permission())
+    teammate.groups.add(operators)
+    r = Caller(ApiToken.issue(teammate)[1]).post(f"/api/agents/{waiting}/approve")
+    assert r.status_code == 202, r.content
+
+
+def test_staff_may_approve(teammate, waiting):
+    teammate.is_staff = True
+    teammate.save()
+    r = Caller(ApiToken.issue(teammate)[1]).post(f"/api/agents/{waiting}/approve")
     assert r.status_code == 202, r.content
     assert Event.objects.get(agent_id=waiting, type=APPROVED).data["by"] == teammate.username
 

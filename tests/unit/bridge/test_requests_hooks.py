@@ -23,6 +23,19 @@ def test_spawn_waits_for_the_control_planes_reply(make_bridge):
         "unknown_request"
 
 
+def test_spawn_with_a_json_object_asks_for_a_child_spec(make_bridge):
+    """The demo can ask what a real model may (tests/security/test_escalation.py)."""
+    client = make_bridge().client
+    spec = {"credentials": [{"name": "tok", "env": "TOK"}], "network": "host"}
+    client.ok("prompt", text="spawn: " + json.dumps({"prompt": "say: hi", "spec": spec,
+                                                     "extra": 1}) + "\nspawn: {not json")
+    first = client.wait_type("request.spawn")[-1]["data"]
+    assert (first["prompt"], first["spec"]) == ("say: hi", spec) and "extra" not in first
+    client.ok("reply", request_id=first["request_id"], result={"agent_id": "child-1"})
+    second = client.wait_type("request.spawn", prompt="{not json")[-1]["data"]
+    assert "spec" not in second  # not a JSON object: the text is the child's prompt
+
+
 def test_an_error_reply_is_a_tool_error(make_bridge):
     client = make_bridge().client
     client.ok("prompt", text="spawn: too many")

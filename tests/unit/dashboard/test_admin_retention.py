@@ -1,9 +1,16 @@
 import pytest
 from django.utils import timezone
 
+from sessions.admin import QUOTA_FIELDS
 from sessions.models import Checkpoint, Event, Workspace
 
 pytestmark = pytest.mark.django_db
+
+
+def quota_fields(ws) -> dict:
+    """The quota inputs as the change page posts them (tests/unit/dashboard/
+    test_admin_quotas.py edits them)."""
+    return {name: getattr(ws, name) for name in QUOTA_FIELDS}
 
 
 @pytest.fixture
@@ -14,7 +21,8 @@ def admin_client(client, django_user_model):
 
 
 def _post(client, ws, days, keep=3, zdr=False):
-    data = {"name": ws.name, "checkpoint_max_age_days": days, "keep_newest_checkpoints": keep}
+    data = {"name": ws.name, "checkpoint_max_age_days": days, "keep_newest_checkpoints": keep,
+            **quota_fields(ws)}
     if zdr:
         data["zero_data_retention"] = "on"
     return client.post(f"/admin/agent_sessions/workspace/{ws.pk}/change/", data)

@@ -1,6 +1,6 @@
 import pytest
 
-from sessions.models import Agent, Command
+from sessions.models import Agent, Command, Workspace
 
 pytestmark = pytest.mark.django_db
 
@@ -79,3 +79,42 @@ def test_user_without_workspace_is_told(client, django_user_model):
     client.force_login(user)
     response = client.post("/agents/new", {"example": "demo"})
     assert response.status_code == 403 and "not a member of any workspace" in response.content.decode()
+
+
+# --- quotas and the parent's bounds: the form shows the refusal, nothing is spawned ------------
+
+
+def test_a_spawn_beyond_the_live_agents_quota_shows_the_quota(logged_in, workspace, make_agent):
+    make_agent()
+    Workspace.objects.filter(pk=workspace.pk).update(max_agents=1)
+    response = logged_in.post("/agents/new", {"example": "demo", "prompt": "say: hi"})
+    html = response.content.decode()
+    assert response.status_code == 429
+    assert 'role="alert"' in html and "its quota of 1" in html and "max_agents" in html
+    assert Agent.objects.count() == 1
+
+
+def test_limits_above_the_workspaces_cap_are_shown_on_the_spec(logged_in):
+    spec = '{"model": "demo", "limits": {"memory_mb": 1048576}}'
+    response = logged_in.post("/agents/new", {"example": "", "spec": spec})
+    html = response.content.decode()
+    assert response.status_code == 400
+    assert 'id="id_spec-error"' in html and "spec.limits.memory_mb is 1048576" in html
+    assert Agent.objects.count() == 0
+
+
+def test_a_child_wider_than_its_parent_is_shown_on_the_spec(logged_in, make_agent):
+    parent = make_agent()
+    response = logged_in.post("/agents/new", {"example": "", "parent": parent.id,
+                                              "spec": '{"model": "demo", "network": "host"}'})
+    html = response.content.decode()
+    assert response.status_code == 403
+    assert 'id="id_spec-error"' in html and "may not be wider than its parent" in html
+    assert Agent.objects.count() == 1
+
+
+def test_a_child_too_deep_shows_the_depth_quota(logged_in, workspace, make_agent):
+    Workspace.objects.filter(pk=workspace.pk).update(max_depth=1)
+    parent = make_agent()
+    response = logged_in.post("/agents/new", {"example": "demo", "parent": parent.id})
+    assert response.status_code == 409 and "max_depth" in response.content.decode()
