@@ -218,7 +218,9 @@ LOGGING = {
 }
 
 # --- Alineo -------------------------------------------------------------------
-ALINEO_SANDBOX = envchoice("ALINEO_SANDBOX", "auto", ("auto", "docker", "local"))
+# auto: docker when an engine answers, else local (bubblewrap) when it works, else
+# none (nothing can be spawned). unisolated: the old, unisolated local backend (development).
+ALINEO_SANDBOX = envchoice("ALINEO_SANDBOX", "auto", ("auto", "docker", "local", "unisolated"))
 # Labels put on every sandbox, "k=v,k2=v2" (tests use them to clean up).
 ALINEO_SANDBOX_LABELS = envlabels("ALINEO_SANDBOX_LABELS")
 # The Docker engine (docker-py reads it too); "" is the engine's default socket.

@@ -20,7 +20,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from sessions import journal
+from sessions import journal, specs
 from sessions.models import Agent, Checkpoint, CommandVerb, Event
 
 from .base import (
@@ -36,7 +36,7 @@ from .base import (
     refuse_if_ended,
     request_hash,
 )
-from .spawn import create_agent
+from .spawn import create_agent, no_sandbox
 
 ORIGINS = ("checkpoint", "at_event")
 
@@ -52,6 +52,10 @@ def fork(user, agent_id: str, body: Any, key: str | None = None) -> Outcome:
         if field in body and (not isinstance(value, int) or isinstance(value, bool) or value < 1
                               or value > 2**62):
             raise CommandRefused(400, "request.invalid", f"{field} must be a positive integer.")
+    try:
+        specs.require_backend()
+    except specs.SandboxUnavailable as exc:
+        raise no_sandbox(exc) from exc
     parent = parent_id(body)
     prompt = optional_text("prompt", body.get("prompt"))
     digest = request_hash("fork", agent_id, body)

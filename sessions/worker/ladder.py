@@ -15,6 +15,9 @@ rung is ``agent.lost {reason}``.
    as ``turn.interrupted {reason: bridge_restarted}`` itself.
 3. **restart** — a sandbox left exited that ``restarts_in_place`` (a reboot, a
    daemon crash): ``start`` — its disk is intact — then the bridge resumes as in 2.
+   Also a sandbox whose backend gives a ``restart_reason`` (one made with
+   another isolation, e.g. by the unisolated backend before an upgrade):
+   stopped, started under this backend's isolation, reason journaled.
 4. **restore** — the sandbox is missing or cannot start: a fresh sandbox from
    the setup snapshot with the newest usable turn checkpoint extracted safely
    into its home (sessions/worker/plans.py); the checkpoint's session file
@@ -99,6 +102,10 @@ async def recover(info: AgentInfo, backend: SandboxBackend, link: BridgeLink, *,
     log.info("agent %s: sandbox %s is %s (boot=%s)", info.id, sid[:16], state, boot)
     if state is SandboxStatus.UNKNOWN:
         raise LadderError(f"the {backend.name} backend cannot tell the state of sandbox {sid} now")
+    if state is not SandboxStatus.MISSING:
+        why = await asyncio.to_thread(backend.restart_reason, sid)
+        if why:
+            return await _restart_in_place(info, backend, link, state, why, here)
     if state is SandboxStatus.RUNNING:
         state = await _reattach_or_resume(info, backend, link, boot=boot, takeover=takeover)
         if state is None:
@@ -148,6 +155,30 @@ async def _reattach_or_resume(info: AgentInfo, backend: SandboxBackend, link: Br
     await _journal_rung(info.id, "resume", "bridge_unresponsive", sid, sid)
     await _connect_or_retry(link, sid)
     return None
+
+
+async def _restart_in_place(info: AgentInfo, backend: SandboxBackend, link: BridgeLink,
+                            state: SandboxStatus, why: str, here: Recovered) -> Recovered:
+    """A sandbox the backend must restart before it is used (made with another
+    isolation: an upgrade moves a local sandbox into bubblewrap): stopped if it
+    runs, started again with its disk, journaled as a restart with the reason;
+    the bridge resumes its session and settles a running turn itself."""
+    sid = info.sandbox_id
+    log.warning("agent %s: sandbox %s is restarted in place (%s)", info.id, sid[:16], why)
+    try:
+        if state is SandboxStatus.RUNNING:
+            await asyncio.to_thread(backend.stop, sid, 5)
+        await asyncio.to_thread(backend.start, sid)
+    except SandboxNotFound:
+        return await _fresh(info, backend, link, "sandbox_missing")
+    except SandboxError as exc:
+        if not exc.permanent:
+            raise LadderError(f"cannot restart sandbox {sid} in place: {exc}") from exc
+        log.warning("agent %s: sandbox %s cannot start (%s): restoring", info.id, sid, exc)
+        return await _fresh(info, backend, link, "sandbox_cannot_start")
+    await _journal_rung(info.id, "restart", why, sid, sid)
+    await _connect_or_retry(link, sid)
+    return here
 
 
 async def _move_here(info: AgentInfo, old_backend: SandboxBackend, link: BridgeLink) -> Recovered:

@@ -236,9 +236,9 @@ def test_local_process_outlives_its_parent_group(local_sandboxes):
     sandboxes = local_sandboxes
     b = sandboxes.backend
     sid = sandboxes.started()
-    pid = b._pid(sid)
-    assert pid and os.getpgid(pid) == pid != os.getpgrp()  # its own process group
-    assert os.getsid(pid) == pid  # and its own session: no controlling terminal of ours
+    pid = b._pid(sid)  # the init of its PID namespace
+    assert pid and os.getpgid(pid) != os.getpgrp()  # not in our process group
+    assert os.getsid(pid) != os.getsid(0)  # nor our session: no controlling terminal of ours
 
 
 # --- the factory ------------------------------------------------------------------------------
