@@ -21,9 +21,10 @@ rung is ``agent.lost {reason}``.
 4. **restore** — the sandbox is missing or cannot start: a fresh sandbox from
    the setup snapshot with the newest usable turn checkpoint extracted safely
    into its home (sessions/worker/plans.py); the checkpoint's session file
-   tells the relay where the restored bridge's events continue (the cursor is
-   set to ``min(journaled cursor, the checkpoint's head)``, so nothing is
-   journaled twice and nothing the restored bridge emits is skipped), and its
+   tells the relay where the restored bridge's events continue (the journaled
+   cursor, in the checkpoint's session; when the lost bridge had got past the
+   checkpoint, the restored one numbers its events after that cursor: no
+   number is journaled twice and nothing it emits is skipped), and its
    turn counter is moved past the transcript's newest turn. Wait-for inputs
    are written again.
 5. **rebuild** — no usable checkpoint (the reason says what became of the
@@ -268,7 +269,9 @@ def _cursor_after(info: AgentInfo, plan: plans.Plan) -> tuple[int, str]:
     """Where the relay continues in the fresh sandbox's bridge session."""
     if plan.rung == "restore" and plan.cp_session:
         if info.session == plan.cp_session:
-            return min(info.cursor, plan.cp_head), plan.cp_session
+            # Behind the checkpoint: its bridge serves the rest from its outbox;
+            # past it: its numbering was moved past the cursor (plans.bseq_floor).
+            return info.cursor, plan.cp_session
         return plan.cp_head, plan.cp_session
     if plan.rung == "rebuild":
         return 0, ""  # a new session counting from 1; adopting it is no news
