@@ -156,8 +156,9 @@ class LocalBackend(HostDirBackend):
         if child is None:
             raise SandboxError(f"bubblewrap did not start sandbox {sandbox_id}: "
                                f"{_tail(path / 'sandbox.log')}", permanent=True)
+        command_pid = (procs.children(child) or [None])[0]  # for tests and operators
         return proc, {"pid": child, "starttime": procs.starttime(child), "outer": proc.pid,
-                      "cgroup": cgroup}
+                      "command": command_pid, "cgroup": cgroup}
 
     def _bwrap_argv(self, sandbox_id: str, path: Path, meta: dict, stage: "_Stage") -> list[str]:
         mem = f"{meta['limits']['memory_mb'] * 1024 * 1024}"

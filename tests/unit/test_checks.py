@@ -30,7 +30,8 @@ def with_engine(engine: str) -> dict:
 def test_defaults_raise_nothing():
     with override_settings(ALINEO_WORKERS=1, CHANNEL_LAYERS=IN_MEMORY, ALINEO_SANDBOX="auto",
                            DATABASES=with_engine("django.db.backends.sqlite3")):
-        assert alineo_ids() == set()
+        # I001 (how local sandboxes enforce limits) is information, shown when auto is local.
+        assert alineo_ids() - {"alineo.I001"} == set()
 
 
 @pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
@@ -70,10 +71,39 @@ def test_an_unsupported_database_is_an_error():
         assert "alineo.E001" in alineo_ids()
 
 
-@pytest.mark.parametrize("choice", ["auto", "docker", "local"])
+@pytest.mark.parametrize("choice", ["auto", "docker", "local", "unisolated"])
 def test_known_sandbox_choices_pass(choice):
     with override_settings(ALINEO_SANDBOX=choice):
         assert "alineo.E002" not in alineo_ids()
+
+
+def test_unisolated_sandboxes_warn():
+    with override_settings(ALINEO_SANDBOX="unisolated"):
+        assert "alineo.W006" in alineo_ids()
+    with override_settings(ALINEO_SANDBOX="local"):
+        assert "alineo.W006" not in alineo_ids()
+
+
+def test_the_local_backend_says_how_it_enforces_limits():
+    from sandboxes.backends.limits import enforcement
+
+    with override_settings(ALINEO_SANDBOX="local"):
+        [info] = [m for m in run_checks() if m.id == "alineo.I001"]
+    assert enforcement().describe() in info.msg
+
+
+def test_no_backend_at_all_warns_but_does_not_stop_the_server(monkeypatch):
+    from django.core.checks import ERROR
+
+    from sandboxes.backends.unavailable import UnavailableBackend
+
+    none = UnavailableBackend("no sandbox backend: bubblewrap is not installed")
+    monkeypatch.setattr("sandboxes.backends.resolve_backend_name", lambda setting=None: "none")
+    monkeypatch.setattr("sandboxes.backends.get_backend", lambda name=None: none)
+    with override_settings(ALINEO_SANDBOX="auto"):
+        messages = [m for m in run_checks() if m.id == "alineo.W007"]
+    assert messages and "bubblewrap is not installed" in messages[0].msg
+    assert messages[0].level < ERROR  # a warning: `serve` still starts
 
 
 def test_an_unknown_sandbox_choice_is_an_error():
