@@ -35,6 +35,7 @@ from urllib.parse import quote
 from sandboxes import config
 from sandboxes.backends import procs
 from sandboxes.backends.base import (
+    CONTAINER_RUN_DIR,
     LABEL_AGENT,
     LABEL_MANAGED,
     PLACEHOLDER_COMMAND,
@@ -57,6 +58,9 @@ from sandboxes.errors import (
 from sandboxes.safe_tar import as_fileobj, safe_extract
 
 SNAPSHOT_PREFIX = "local-snapshot/"
+#: (run dir, home) as an isolated sandbox's processes see them, by isolation
+#: (sandboxes/backends/local.py mounts them there); unisolated ones see host paths.
+INSIDE = {"bwrap": (CONTAINER_RUN_DIR, "/root")}
 _SNAPSHOTS = "_snapshots"
 
 
@@ -148,7 +152,7 @@ class HostDirBackend(SandboxBackend):
 
     def _places(self, sandbox_id: str, meta: dict, isolation: str) -> tuple[str, str]:
         """(run dir, home) as the processes of a sandbox isolated so see them."""
-        return meta["run_dir"], self.host_home(sandbox_id)
+        return INSIDE.get(isolation) or (meta["run_dir"], self.host_home(sandbox_id))
 
     def restart_reason(self, sandbox_id: str) -> str | None:
         try:

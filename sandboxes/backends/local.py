@@ -81,11 +81,6 @@ class LocalBackend(HostDirBackend):
     def unavailable_reason(self) -> str | None:
         return bwrap_problem()
 
-    def _places(self, sandbox_id: str, meta: dict, isolation: str) -> tuple[str, str]:
-        if isolation == self.isolation:
-            return CONTAINER_RUN_DIR, HOME
-        return super()._places(sandbox_id, meta, isolation)
-
     def _foreign_python(self, argv0: str) -> bool:
         return super()._foreign_python(argv0) and not argv0.startswith("/usr/")
 

@@ -23,13 +23,10 @@ class UnavailableBackend(SandboxBackend):
         raise BackendUnavailable(self.reason)
 
     create = start = exec = read_home = write_home = commit = stop = remove = _refuse
-    home = remove_image = _refuse
+    home = remove_image = list = _refuse  # list too: an empty list would read as "all gone"
 
     def status(self, sandbox_id: str) -> SandboxStatus:
         return SandboxStatus.UNKNOWN
-
-    def list(self, labels=None) -> list:
-        return []
 
     def image_exists(self, image: str) -> bool:
         return False
