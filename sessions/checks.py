@@ -69,7 +69,8 @@ def sandbox_isolation_check(app_configs, **kwargs):
     if settings.ALINEO_SANDBOX not in ("auto", "docker", "local", "unisolated"):
         return []  # E002 says it
     name = resolve_backend_name(settings.ALINEO_SANDBOX)
-    if name == "unisolated":
+    backend = get_backend(name)
+    if not backend.isolated:
         return [Warning(
             "ALINEO_SANDBOX=unisolated: agents run as this server's user, with its files "
             "and network, and no limits.",
@@ -78,7 +79,7 @@ def sandbox_isolation_check(app_configs, **kwargs):
             "(docs/LOCAL_SANDBOX.md).",
             id="alineo.W006",
         )]
-    reason = get_backend(name).unavailable_reason()
+    reason = backend.unavailable_reason()
     if reason:
         return [Warning(
             "Agents cannot be spawned: %s." % reason,

@@ -87,6 +87,8 @@ def resolve_backend_name(setting: str | None = None) -> str:
     setting = setting.strip().lower()
     if setting == "auto":
         return _auto_backend_name()
+    if setting == NONE:  # what auto resolved to, passed back in
+        return NONE
     if setting not in BACKENDS:
         raise SandboxError(
             f"ALINEO_SANDBOX must be auto, docker, local or unisolated, not {setting!r}",
