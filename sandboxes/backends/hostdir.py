@@ -324,14 +324,22 @@ class HostDirBackend(SandboxBackend):
             raise ExecTimeout(f"{argv[0]!r} timed out after {timeout:g} s", result=result)
         return ExecResult(procs.exit_code(proc.returncode), out, err, time.monotonic() - t0)
 
+    def _as_owner(self, sandbox_id: str) -> dict:
+        """Popen arguments that run a host-side tool as the user owning the
+        sandbox's files ({} for this process's own)."""
+        return {}
+
     def read_home(self, sandbox_id: str) -> Iterator[bytes]:
         self._existing(sandbox_id)
         return self._tar_out(sandbox_id, self.host_home(sandbox_id))
 
     def _tar_out(self, sandbox_id: str, home: str) -> Iterator[bytes]:
+        # cwd = the home, entered before the tool drops to the owner (who may
+        # not pass through the data dir to reach it).
         with tempfile.TemporaryFile() as errf:
-            proc = subprocess.Popen(home_tar_argv(home), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=errf)
+            proc = subprocess.Popen(home_tar_argv("."), cwd=home, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=errf,
+                                    **self._as_owner(sandbox_id))
             try:
                 while True:
                     chunk = proc.stdout.read(1 << 20)

@@ -103,6 +103,24 @@ class LocalBackend(HostDirBackend):
             procs.chown_tree(staging / "home", uid, uid)
             procs.chown_tree(run, uid, uid)
 
+    def _as_owner(self, sandbox_id: str) -> dict:
+        # The home tar of a running sandbox reads only what the sandbox's own
+        # uid may read: a directory swapped for a link to a host path midway
+        # cannot put a file of the host's into a checkpoint.
+        uid = self._meta(sandbox_id).get("host_uid")
+        return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
+
+    def commit(self, sandbox_id: str, tag: str, *, labels: Mapping[str, str] | None = None) -> str:
+        # Paused while the home is copied (as `docker commit` pauses): the copy
+        # runs as root, and nothing in the sandbox may swap a directory for a
+        # link to a host path under it.
+        stopped = _freeze(self._pid_info(sandbox_id))
+        try:
+            return super().commit(sandbox_id, tag, labels=labels)
+        finally:
+            for pid in stopped:
+                procs.kill(pid, signal.SIGCONT)
+
     def _after_write(self, sandbox_id: str, meta: dict) -> None:
         if meta.get("host_uid") is not None:
             procs.chown_tree(Path(self.host_home(sandbox_id)), meta["host_uid"], meta["host_uid"])
@@ -308,6 +326,33 @@ def _read_info(fd: int, proc: subprocess.Popen) -> int | None:
     while time.monotonic() < deadline and procs.alive(child, start) and not procs.children(child):
         time.sleep(0.005)
     return child
+
+
+def _freeze(info: dict | None) -> list[int]:
+    """SIGSTOP every process in the sandbox's PID namespace (again, until no
+    new one appears: a process may fork while we go); the pids stopped."""
+    if not info or "outer" not in info:
+        return []
+    try:
+        ns = os.stat(f"/proc/{int(info['pid'])}/ns/pid").st_ino
+    except OSError:
+        return []
+    stopped: list[int] = []
+    for _ in range(50):
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) not in stopped:
+                try:
+                    if os.stat(entry / "ns" / "pid").st_ino == ns:
+                        found.append(int(entry.name))
+                except OSError:
+                    continue
+        if not found:
+            break
+        for pid in found:
+            procs.kill(pid, signal.SIGSTOP)
+        stopped += found
+    return stopped
 
 
 def _tail(path: Path) -> str:

@@ -340,3 +340,40 @@ def test_an_unprivileged_control_plane_runs_and_enters_sandboxes_too():
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["id"] == "1000" and "usr" in out["ls"] and "work" not in out["ls"], out
     assert out["mem"] != 0 and out["after_stop"] == "exited", out
+
+
+# --- the host side of a running sandbox -------------------------------------------------------
+
+
+def test_a_home_swapping_directories_for_host_links_leaks_nothing(tmp_path):
+    """The control plane reads a running sandbox's home from the host (checkpoint
+    tar, commit) while the agent swaps a directory for a link to a host
+    directory in a loop. The tar runs as the sandbox's uid and the commit with
+    the sandbox stopped (as `docker commit` pauses): no host file gets in, and
+    the copy never trips over the swap."""
+    from sandboxes.backends.local import LocalBackend
+
+    secret = Path(tempfile.mkdtemp(prefix="alineo-host-secret-"))
+    try:
+        secret.chmod(0o700)
+        for i in range(20):
+            (secret / f"f{i}").write_text("HOST-SECRET\n")
+        backend = LocalBackend(root=tmp_path / "sandboxes")
+        sid = backend.create("agent-swap", "default")
+        try:
+            backend.start(sid)
+            swap = (f"mkdir -p d; for i in $(seq 20); do echo x > d/f$i; done; while true; do "
+                    f"mv d d2; ln -s {secret} d; rm d; mv d2 d; done")
+            assert backend.exec(sid, ["sh", "-c", f"({swap}) >/dev/null 2>&1 &"]).ok
+            for _ in range(15):
+                assert b"HOST-SECRET" not in b"".join(backend.read_home(sid))
+            for i in range(8):
+                ref = backend.commit(sid, f"swap-{i}")
+                copied = tmp_path / "sandboxes" / "_snapshots" / f"swap-{i}" / "home"
+                assert backend.image_exists(ref)
+                assert not [p for p in copied.rglob("*") if p.is_file() and not p.is_symlink()
+                            and "HOST-SECRET" in p.read_text()]
+        finally:
+            backend.remove(sid)
+    finally:
+        shutil.rmtree(secret, ignore_errors=True)
