@@ -43,9 +43,15 @@ migrate: setup
 # With a Docker engine answering (and ALINEO_SANDBOX not forcing local), build
 # the sandbox base image first (skipped in 0.04 s when it exists). A failed build
 # only warns: the server still serves, and the local backend does not need it.
+# As root, bubblewrap (the local backend's sandbox) is installed when missing
+# (.ci/bwrap-up); a failure only warns: with Docker, or ALINEO_SANDBOX=unisolated,
+# it is not needed, and without either the server says why it cannot spawn.
 run: migrate
 	$(PY) manage.py ensure_admin
-	if [ "$${ALINEO_SANDBOX:-auto}" != local ] \
+	if [ "$$(id -u)" = 0 ] && ! command -v bwrap >/dev/null; then \
+	  bash .ci/bwrap-up || echo "warning: bubblewrap was not installed (see above)" >&2; \
+	fi
+	if [ "$${ALINEO_SANDBOX:-auto}" != local ] && [ "$${ALINEO_SANDBOX:-auto}" != unisolated ] \
 	   && command -v docker >/dev/null && docker info >/dev/null 2>&1; then \
 	  $(PY) manage.py build_base_image || echo "warning: the sandbox base image was not built (see above)" >&2; \
 	fi
@@ -55,7 +61,8 @@ run: migrate
 # As root (CI, a fresh machine) the Docker engine is installed and started first
 # (.ci/docker-up: docker.io + mmdebstrap, dockerd without a bridge network), so
 # the docker backend is exercised for real; then the base image is built once.
-# Debian's chromium is installed too when missing (.ci/browser-up), for tests/browser.
+# Debian's chromium is installed too when missing (.ci/browser-up), for tests/browser,
+# and bubblewrap (.ci/bwrap-up), for the local backend and tests/security.
 #
 # Two passes; `make test` fails when either fails:
 #   1. the whole suite ($(PYTEST_ARGS)) but tests/scaleout on SQLite and the
@@ -73,6 +80,7 @@ run: migrate
 #   defaults (tests/live.py), so pass 2 would only repeat them on SQLite.
 test: setup
 	if [ "$$(id -u)" = 0 ] && [ "$${ALINEO_SANDBOX:-auto}" != local ]; then bash .ci/docker-up; fi
+	if [ "$$(id -u)" = 0 ]; then bash .ci/bwrap-up; fi
 	if [ "$$(id -u)" = 0 ] && [ ! -x /usr/bin/chromium ]; then bash .ci/browser-up; fi
 	if command -v docker >/dev/null && docker info >/dev/null 2>&1; then \
 	  ALINEO_DATA_DIR=$$(mktemp -d) $(PY) manage.py build_base_image; \
@@ -87,7 +95,7 @@ test: setup
 	$(VENV)/bin/lint-imports --no-cache || exit $$?; \
 	echo "== make test, pass 1/2: SQLite + in-memory channel layer: pytest $(PYTEST_ARGS)"; \
 	sqlite_status=0; \
-	mkdir -p "$$data_dir/sqlite"; \
+	mkdir -m 700 -p "$$data_dir/sqlite"; \
 	env -u DATABASE_URL -u REDIS_URL ALINEO_TEST_PASS=sqlite ALINEO_DATA_DIR="$$data_dir/sqlite" $(PY) -m pytest --ignore=tests/scaleout $(PYTEST_ARGS) || sqlite_status=$$?; \
 	pg_status=skipped; db_url=""; redis_url=""; \
 	if [ "$$want_pg" = 0 ]; then \
@@ -110,7 +118,7 @@ test: setup
 	fi; \
 	if [ -n "$$db_url" ]; then \
 	  echo "== make test, pass 2/2: PostgreSQL + Redis: pytest $(PG_PYTEST_ARGS)"; \
-	  mkdir -p "$$data_dir/pg"; pg_status=0; \
+	  mkdir -m 700 -p "$$data_dir/pg"; pg_status=0; \
 	  DATABASE_URL="$$db_url" REDIS_URL="$$redis_url" ALINEO_TEST_PASS=postgresql ALINEO_DATA_DIR="$$data_dir/pg" \
 	    $(PY) -m pytest $(PG_PYTEST_ARGS) || pg_status=$$?; \
 	fi; \

@@ -199,7 +199,7 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "alineo_site.layers.InMemoryChannelLayer"}}
 
-# --- Login throttling (django-axes; docs/SECURITY-web.md) -----------------------
+# --- Login throttling (django-axes; docs/SECURITY.md "The web side") -----------------------
 # Failed password logins (the dashboard's and the admin's login forms) are
 # counted per client address: ALINEO_LOGIN_FAILURES of them, each less than
 # ALINEO_LOGIN_LOCKOUT_S after the one before, lock that client out of logging
@@ -245,7 +245,7 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "static"
 
-# --- Content-Security-Policy (django-csp 4.x; docs/SECURITY-web.md) -----------------
+# --- Content-Security-Policy (django-csp 4.x; docs/SECURITY.md "The web side") -----------------
 # Every response says: scripts, styles, images, fonts and fetches (the SSE
 # stream too) only from this origin, no inline script or style and no eval,
 # no plugins, no <base> elsewhere, forms post only here, and no framing. The
@@ -267,7 +267,7 @@ CONTENT_SECURITY_POLICY = {
     },
 }
 
-# --- Cookies and transport (docs/SECURITY-web.md) ------------------------------------
+# --- Cookies and transport (docs/SECURITY.md "The web side") ------------------------------------
 # ALINEO_HTTPS=1: browsers reach Alineo over HTTPS. Then the session and CSRF
 # cookies are sent over HTTPS only. `manage.py serve` itself speaks plain HTTP,
 # so HTTPS means a TLS-terminating reverse proxy in front, and Django learns
@@ -311,7 +311,9 @@ LOGGING = {
 }
 
 # --- Alineo -------------------------------------------------------------------
-ALINEO_SANDBOX = envchoice("ALINEO_SANDBOX", "auto", ("auto", "docker", "local"))
+# auto: docker when an engine answers, else local (bubblewrap) when it works, else
+# none (nothing can be spawned). unisolated: the old, unisolated local backend (development).
+ALINEO_SANDBOX = envchoice("ALINEO_SANDBOX", "auto", ("auto", "docker", "local", "unisolated"))
 # Labels put on every sandbox, "k=v,k2=v2" (tests use them to clean up).
 ALINEO_SANDBOX_LABELS = envlabels("ALINEO_SANDBOX_LABELS")
 # The Docker engine (docker-py reads it too); "" is the engine's default socket.

@@ -182,9 +182,9 @@ def local_row(work: Path, reps: int) -> dict:
     lsid = local.create("bench-local", "host", labels=LABELS)
     local.start(lsid)
     try:
-        res = local.exec(lsid, [sys.executable, "-c", FILL], timeout=600)
+        res = local.exec(lsid, ["python3", "-c", FILL], timeout=600)  # the sandbox's python
         assert res.ok, res.stderr
-        ours, plain, ratios, size, plain_size = measure_checkpoint(local, lsid, local.home(lsid), work, reps, "local")
+        ours, plain, ratios, size, plain_size = measure_checkpoint(local, lsid, local.host_home(lsid), work, reps, "local")
         m, p, r = C.median(ours), C.median(plain), C.median(ratios)
         return C.row("checkpoint: local (reference)", m * 1000, p * 1000, r, "info", "info", "ms",
                      note=f"store_checkpoint runs {ms_list(ours)} ms; tar|zstd {ms_list(plain)} ms")

@@ -69,12 +69,17 @@ class Fresh:
     """How a fresh sandbox starts: from a turn checkpoint (``checkpoint``, a
     path), or with its bridge seeded with a conversation (``seed``:
     ``{"messages", "turns"}``), or neither. ``max_turn`` is the transcript's
-    newest turn: a restored session numbers its next turn after it."""
+    newest turn: a restored session numbers its next turn after it.
+    ``bseq_floor`` is the relay's journaled cursor in the checkpoint's session:
+    a restored bridge numbers its next event after it, so an event the lost
+    bridge emitted after the checkpoint (its ``bridge.started`` after a resume,
+    say) never shares a number with one the restored bridge emits."""
 
     checkpoint: str | None = None
     seed: dict | None = None
     max_turn: int = 0
     labels: dict = field(default_factory=dict)
+    bseq_floor: int = 0
 
 
 # --- revisions -------------------------------------------------------------------------------
@@ -192,10 +197,18 @@ def _restore_into(backend: SandboxBackend, sid: str, fresh: Fresh) -> None:
         raise
     except Exception as exc:  # unsafe, truncated, not zstd, past the restore caps ...
         raise CheckpointUnusable(f"{type(exc).__name__}: {exc}") from exc
-    if session is not None and int(session.get("turns") or 0) < fresh.max_turn:
+    if session is None:
+        return
+    moved = False
+    if int(session.get("turns") or 0) < fresh.max_turn:
         # Turns after the checkpoint were journaled (and settled): number the
         # next one after them, as the lost sandbox would have.
         session["turns"] = fresh.max_turn
+        moved = True
+    if int(session.get("bseq") or 0) < fresh.bseq_floor:
+        session["bseq"] = fresh.bseq_floor  # events after the checkpoint were journaled too
+        moved = True
+    if moved:
         backend.write_home(sid, [archive.session_file_tar(session)])
 
 

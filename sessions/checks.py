@@ -5,7 +5,7 @@ import os
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.core.checks import Error, Warning, register
+from django.core.checks import Error, Info, Warning, register
 
 from sandboxes import config
 
@@ -49,13 +49,49 @@ def database_check(app_configs, **kwargs):
 
 @register()
 def sandbox_choice_check(app_configs, **kwargs):
-    if settings.ALINEO_SANDBOX not in ("auto", "docker", "local"):
+    if settings.ALINEO_SANDBOX not in ("auto", "docker", "local", "unisolated"):
         return [
             Error(
-                "ALINEO_SANDBOX=%r is not one of auto, docker, local." % settings.ALINEO_SANDBOX,
+                "ALINEO_SANDBOX=%r is not one of auto, docker, local, unisolated."
+                % settings.ALINEO_SANDBOX,
                 id="alineo.E002",
             )
         ]
+    return []
+
+
+@register()
+def sandbox_isolation_check(app_configs, **kwargs):
+    """Which backend agents get, said where an operator looks: unisolated
+    (W006), none at all (W007: the server serves, spawning is refused), and
+    for the local backend how its limits are enforced (I001)."""
+    from sandboxes.backends import get_backend, resolve_backend_name
+    from sandboxes.backends.limits import enforcement
+
+    if settings.ALINEO_SANDBOX not in ("auto", "docker", "local", "unisolated"):
+        return []  # E002 says it
+    name = resolve_backend_name(settings.ALINEO_SANDBOX)
+    backend = get_backend(name)
+    if not backend.isolated:
+        return [Warning(
+            "ALINEO_SANDBOX=unisolated: agents run as this server's user, with its files "
+            "and network, and no limits.",
+            hint="An agent can read the database, the secret key and other agents' homes. "
+            "For development only; use the local (bubblewrap) or docker backend "
+            "(docs/LOCAL_SANDBOX.md).",
+            id="alineo.W006",
+        )]
+    reason = backend.unavailable_reason()
+    if reason:
+        return [Warning(
+            "Agents cannot be spawned: %s." % reason,
+            hint="The server starts and serves transcripts; POST /api/agents answers 409 "
+            "sandbox.unavailable until a backend works (docs/LOCAL_SANDBOX.md).",
+            id="alineo.W007",
+        )]
+    if name == "local":
+        return [Info("Local sandboxes (bubblewrap) enforce their limits through %s."
+                     % enforcement().describe(), id="alineo.I001")]
     return []
 
 
@@ -95,7 +131,8 @@ def docker_host_check(app_configs, **kwargs):
     """The bridge's socket lives in a run dir bind-mounted from the engine's
     machine: a worker can drive only an engine on its own machine."""
     host = settings.DOCKER_HOST
-    if not host or settings.ALINEO_SANDBOX == "local" or host.startswith(("unix://", "npipe://")):
+    if not host or settings.ALINEO_SANDBOX in ("local", "unisolated") \
+            or host.startswith(("unix://", "npipe://")):
         return []
     name = urlsplit(host).hostname or ""
     if name in ("127.0.0.1", "localhost", "::1"):
@@ -151,5 +188,5 @@ def private_data_dir_check(app_configs, **kwargs):
         f"ALINEO_DATA_DIR ({settings.DATA_DIR}) can be read by other users.",
         hint="`manage.py serve` and `runworker` make it private (0700, files 0600) at start; "
         f"or run: chmod -R go-rwx {settings.DATA_DIR}",
-        id="alineo.W006",
+        id="alineo.W008",
     )]

@@ -70,7 +70,7 @@ class SpawnForm(KeyedForm):
             raise forms.ValidationError("The spec must be a JSON object, e.g. {\"model\": \"demo\"}.")
         try:
             specs.validate_for_spawn(value)
-        except specs.SpecError as exc:
+        except (specs.SpecError, specs.SandboxUnavailable) as exc:
             raise forms.ValidationError(str(exc))
         return value
 

@@ -105,12 +105,28 @@ def _check_together(spec: dict[str, Any]) -> None:
         )
 
 
+class SandboxUnavailable(Exception):
+    """No sandbox can be created on this server at all (no Docker, no
+    bubblewrap: sandboxes/backends/unavailable.py): not the spec's fault, and
+    not worth a retry until an operator acts (the API's 409 sandbox.unavailable)."""
+
+
+def require_backend(backend=None) -> None:
+    """Raises SandboxUnavailable when this server's backend cannot create sandboxes."""
+    backend = get_backend() if backend is None else backend
+    reason = backend.unavailable_reason()
+    if reason:
+        raise SandboxUnavailable(f"This server cannot create sandboxes: {reason}.")
+
+
 def check_available(spec: dict[str, Any], backend=None) -> None:
-    """Checks against the sandbox backend (a normalized spec): an `image` other
-    than "default" must exist there, and packages need a backend that installs
-    them. Raises SpecError. A backend that cannot answer now is not the spec's
+    """Checks against the sandbox backend (a normalized spec): the backend can
+    create sandboxes at all (else SandboxUnavailable), an `image` other than
+    "default" must exist there, and packages need a backend that installs
+    them (else SpecError). A backend that cannot answer now is not the spec's
     fault: it is let through (the worker reports it when it creates the sandbox)."""
     backend = get_backend() if backend is None else backend
+    require_backend(backend)
     if spec.get("packages") and not backend.installs_packages:
         raise SpecError("packages", f"packages need the docker backend (this server runs "
                                     f"agents with the {backend.name} backend, which installs nothing)")

@@ -3,6 +3,8 @@ another, and an operator (a member granted agent_sessions.approve_credentials)."
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
@@ -14,6 +16,16 @@ from sessions.models import Agent, ApiToken, Workspace
 def _fast_password_hasher(settings):
     # Hashing test users' passwords with PBKDF2 costs ~0.5 s per test.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def _keep_the_umask():
+    """`serve`, `runworker` and `backup` set umask 077 for their process (a
+    private data dir); a test that calls one must not hand it to the next."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    os.umask(before)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,7 +1,12 @@
-"""Sandbox backends — docker (containers) and local (a directory and a process
-group) — and the registry that picks one: :func:`get_backend` for this
-process's own, :func:`backend_for` for the engine that holds a recorded
-sandbox. The contract every backend implements is sandboxes/backends/base.py."""
+"""Sandbox backends — docker (containers), local (bubblewrap sandboxes),
+unisolated (plain process groups, for development) — and the registry that
+picks one: :func:`get_backend` for this process's own, :func:`backend_for`
+for the engine that holds a recorded sandbox. The contract every backend
+implements is sandboxes/backends/base.py.
+
+``auto`` is docker when an engine answers, else local when bubblewrap works,
+else none (sandboxes/backends/unavailable.py: nothing can be spawned, and the
+server says why). ``unisolated`` is only ever chosen by name."""
 
 from __future__ import annotations
 
@@ -17,16 +22,20 @@ from sandboxes.backends.base import (
     SandboxStatus,
 )
 from sandboxes.backends.docker import DockerBackend
-from sandboxes.backends.local import LocalBackend
+from sandboxes.backends.local import LocalBackend, bwrap_problem
+from sandboxes.backends.unavailable import UnavailableBackend
+from sandboxes.backends.unisolated import UnisolatedBackend
 from sandboxes.errors import BackendUnavailable, SandboxError
 
 __all__ = [
     "ExecResult", "Limits", "SandboxBackend", "SandboxHandle", "SandboxStatus",
     "backend_for", "bridge_reachable", "docker_engine_answers", "get_backend", "reset",
-    "resolve_backend_name",
+    "no_backend_reason", "resolve_backend_name",
 ]
 
-BACKENDS = ("docker", "local")
+BACKENDS = ("docker", "local", "unisolated")
+#: What ``auto`` becomes when neither docker nor bubblewrap can run sandboxes.
+NONE = "none"
 
 
 def docker_engine_answers(timeout: float = 3.0) -> bool:
@@ -49,25 +58,41 @@ def _backend(name: str) -> SandboxBackend:
         return DockerBackend()
     if name == "local":
         return LocalBackend()
-    raise SandboxError(f"unknown sandbox backend {name!r} (auto, docker or local)", permanent=True)
+    if name == "unisolated":
+        return UnisolatedBackend()
+    if name == NONE:
+        return UnavailableBackend(no_backend_reason())
+    raise SandboxError(f"unknown sandbox backend {name!r} (auto, docker, local or unisolated)",
+                       permanent=True)
+
+
+def no_backend_reason() -> str:
+    return ("no sandbox backend: no Docker engine answers and " + (bwrap_problem() or "?")
+            + ". Start Docker (.ci/docker-up as root), install bubblewrap (.ci/bwrap-up as "
+            "root), or set ALINEO_SANDBOX=unisolated for development (no isolation)")
 
 
 @functools.lru_cache(maxsize=1)
 def _auto_backend_name() -> str:
     """Decided once per process: an engine that appears later needs a restart."""
-    return "docker" if docker_engine_answers() else "local"
+    if docker_engine_answers():
+        return "docker"
+    return "local" if bwrap_problem() is None else NONE
 
 
 def resolve_backend_name(setting: str | None = None) -> str:
-    """``auto`` becomes ``docker`` when an engine answers, else ``local``."""
+    """``auto`` becomes ``docker`` when an engine answers, else ``local`` when
+    bubblewrap works, else ``none``."""
     setting = (config.backend_setting() if setting is None else setting) or "auto"
     setting = setting.strip().lower()
     if setting == "auto":
         return _auto_backend_name()
+    if setting == NONE:  # what auto resolved to, passed back in
+        return NONE
     if setting not in BACKENDS:
         raise SandboxError(
-            f"ALINEO_SANDBOX must be auto, docker or local, not {setting!r}", permanent=True
-        )
+            f"ALINEO_SANDBOX must be auto, docker, local or unisolated, not {setting!r}",
+            permanent=True)
     return setting
 
 
@@ -88,7 +113,9 @@ def backend_for(host: str | None) -> SandboxBackend:
         return own
     if host.startswith("local:"):
         if host == f"local:{socket.gethostname()}":
-            return get_backend("local")  # this machine's, though this worker runs Docker
+            # This machine's directory of sandboxes (local and unisolated share
+            # it); this worker runs Docker: bubblewrap takes it.
+            return get_backend("local")
         raise BackendUnavailable(f"sandbox host {host} is another machine's local backend")
     return _docker_at(host)
 
@@ -116,3 +143,4 @@ def reset() -> None:
     _docker_at.cache_clear()
     _backend.cache_clear()
     _auto_backend_name.cache_clear()
+    bwrap_problem.cache_clear()

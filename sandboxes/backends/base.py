@@ -1,9 +1,10 @@
 """The sandbox backend contract: a small base class, its capability hooks and
 its return types. The registry (which backend a process uses) is
-sandboxes/backends/__init__.py; docker.py and local.py import only this module.
+sandboxes/backends/__init__.py; docker.py and hostdir.py (which local.py and
+unisolated.py extend) import this module.
 
 A *sandbox* is where an agent runs: a container (docker backend) or a directory
-plus a detached process group (local backend). Both backends offer the same
+plus a detached bubblewrap sandbox (local backend; unisolated: a plain process group). Both backends offer the same
 verbs, so everything above them (checkpoints, the restore ladder, the worker)
 is written once:
 
@@ -81,7 +82,8 @@ class SandboxStatus(str, enum.Enum):
 @dataclass(frozen=True)
 class Limits:
     """Resource limits of one sandbox. The docker backend enforces them through
-    the container's cgroup; the local backend records them only."""
+    the container's cgroup; the local backend through cgroup v2 or rlimits
+    (sandboxes/backends/limits.py); the unisolated backend records them only."""
 
     pids: int = 256
     memory_mb: int = 1024
@@ -156,6 +158,9 @@ class SandboxBackend(abc.ABC):
     image_hint: str = ""
     #: Its images live in an engine, outside the data dir: a backup saves them.
     has_engine_images: bool = False
+    #: Its sandboxes are a boundary (their own files, uid, network, limits);
+    #: False only for the unisolated backend, which the dashboard warns about.
+    isolated: bool = True
 
     @property
     def host(self) -> str:
@@ -186,6 +191,18 @@ class SandboxBackend(abc.ABC):
         """The tag :meth:`commit` is given for a snapshot of ``kind``
         ("setup", "session") named ``name``."""
         return f"{kind}-{name}"
+
+    def unavailable_reason(self) -> str | None:
+        """Why this backend cannot create sandboxes on this machine at all (a
+        missing program, no backend chosen), or None. An engine that does not
+        answer right now is not such a reason: calls raise BackendUnavailable."""
+        return None
+
+    def restart_reason(self, sandbox_id: str) -> str | None:
+        """A reason to stop and start this existing sandbox in place before it
+        is used again, its disk kept (it was made with another isolation than
+        this backend gives now), or None. The ladder journals it as a restart."""
+        return None
 
     # --- lifecycle -----------------------------------------------------------
     @abc.abstractmethod

@@ -1,454 +1,370 @@
-"""Local backend: a directory and a detached process group per sandbox.
+"""Local backend: each sandbox is a bubblewrap (``bwrap``) sandbox on this
+machine, for machines without Docker. docs/LOCAL_SANDBOX.md says what it
+isolates and which test proves each claim.
 
-For machines without Docker. Layout under ``<root>`` (default
-the data dir's ``sandboxes/``, sandboxes/config.py)::
+* New user, PID, mount, network, IPC and UTS namespaces; inside, the agent is
+  uid/gid 1000 with no capabilities, no_new_privs, and cannot make further
+  user namespaces (``--disable-userns``).
+* The file system is an empty read-only root with the host's /usr (and the
+  few /etc files programs need) read-only; writable are only the home (at
+  /root, as in a container), the run dir (at /run/alineo, docker's
+  CONTAINER_RUN_DIR) and a /tmp and /dev/shm of memory_mb each. The data
+  dir, other sandboxes and the host's home are not there at all.
+* Network ``none``: a namespace with only its own loopback; ``host`` keeps the
+  host's (``--share-net``).
+* Under a root control plane each sandbox runs as a host uid of its own
+  (:data:`UID_BASE` + 24 bits of its id), owner of its home and run dir.
+* Limits: sandboxes/backends/limits.py (cgroup v2 where delegated, rlimits here).
+* Never ``--die-with-parent``: a sandbox outlives the control plane. Its PID
+  namespace's init is the pid status() follows; killing it ends every process
+  the sandbox started. ``exec`` enters the same namespaces, uid and limits
+  (sandboxes/backends/nsexec.py).
 
-    <id>/home/        the agent's home ($HOME for its processes)
-    <id>/run/         the run dir ($ALINEO_RUN_DIR) unless create() was given one
-    <id>/meta.json    what create() was asked for
-    <id>/pid          {"pid", "starttime"} of the running command (its own session)
-    <id>/exit_code    written when a command this process started exits
-    <id>/sandbox.log  the command's stdout and stderr
-    _snapshots/<tag>/home   copies made by commit()
-
-The command runs as a process-group leader in its own session
-(``start_new_session=True``), so it outlives the control plane; status comes
-from the recorded pid, checked against the kernel's start time so that a
-reused pid is never mistaken for the sandbox.
-
-This is *not* isolation: processes run as the control plane's user with the
-host's network and files. ``network`` and ``limits`` are recorded, not enforced.
+Sandboxes made by the unisolated backend (the local backend before bubblewrap)
+are moved in by their next start, their home as it is
+(HostDirBackend._adopt; the ladder journals it as a restart).
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
-import uuid
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Sequence
-from urllib.parse import quote
+from typing import Mapping
 
-from sandboxes import config
-from sandboxes.backends.base import (
-    LABEL_AGENT,
-    LABEL_MANAGED,
-    PLACEHOLDER_COMMAND,
-    ExecResult,
-    Limits,
-    SandboxBackend,
-    SandboxHandle,
-    SandboxStatus,
-    home_tar_argv,
-    validate_create_args,
-)
-from sandboxes.errors import (
-    ExecFailed,
-    ExecTimeout,
-    ImageMissing,
-    SandboxError,
-    SandboxNotFound,
-    SandboxNotRunning,
-)
-from sandboxes.safe_tar import as_fileobj, safe_extract
+from sandboxes.backends import limits as limits_mod
+from sandboxes.backends import procs
+from sandboxes.backends.base import CONTAINER_RUN_DIR
+from sandboxes.backends.hostdir import HostDirBackend
+from sandboxes.errors import BackendUnavailable, SandboxError, SandboxNotRunning
 
-SNAPSHOT_PREFIX = "local-snapshot/"
-_SNAPSHOTS = "_snapshots"
+log = logging.getLogger(__name__)
+
+HOME = "/root"
+INSIDE_UID = INSIDE_GID = 1000
+UID_BASE = 0x40000000
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+NSEXEC = str(Path(__file__).resolve().with_name("nsexec.py"))
+#: Host files a program expects under /etc, bound read-only when present.
+ETC_FILES = ("alternatives", "ssl/certs", "ca-certificates", "localtime", "nsswitch.conf",
+             "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "mime.types", "protocols", "services",
+             "bash.bashrc", "profile", "inputrc", "python3", "python3.11", "magic")
+ETC_HOST_NETWORK = ("resolv.conf", "hosts", "host.conf", "gai.conf")
+START_TIMEOUT_S = 30.0
+#: Where a root launcher binds a sandbox's host paths for bubblewrap (in its own mount namespace).
+STAGE = "/tmp"
 
 
-class LocalBackend(SandboxBackend):
+class LocalBackend(HostDirBackend):
     name = "local"
-    image_hint = ("as a snapshot of the local backend: it runs on the host and knows only "
-                  '"default" and its own snapshots (local-snapshot/<name>, made by a commit)')
+    isolation = "bwrap"
 
-    def __init__(self, root: str | os.PathLike | None = None):
-        self.root = Path(config.data_dir().sandboxes if root is None else root).resolve()
+    def run_dir_inside(self, run_dir: Path) -> str:
+        return CONTAINER_RUN_DIR
 
     def bridge_command(self, run_dir: Path) -> list[str]:
-        # -S: no site-packages of the host's python in the bridge (it is stdlib only).
-        return [sys.executable, "-S", "-m", "bridge"]
-
-    def snapshot_ref(self, kind: str, name: str) -> str:
-        return f"{SNAPSHOT_PREFIX}{kind}-{name}"
-
-    # --- paths -------------------------------------------------------------------
-    def _dir(self, sandbox_id: str) -> Path:
-        if not sandbox_id or "/" in sandbox_id or sandbox_id.startswith((".", "_")):
-            raise SandboxNotFound(f"sandbox {sandbox_id!r} not found (not a local sandbox id)")
-        return self.root / sandbox_id
-
-    def _existing(self, sandbox_id: str) -> Path:
-        path = self._dir(sandbox_id)
-        if not (path / "meta.json").is_file():
-            raise SandboxNotFound(f"sandbox {sandbox_id} not found")
-        return path
-
-    def _meta(self, sandbox_id: str) -> dict:
-        return json.loads((self._existing(sandbox_id) / "meta.json").read_text())
-
-    def _snapshot_dir(self, ref: str) -> Path:
-        return self.root / _SNAPSHOTS / quote(ref[len(SNAPSHOT_PREFIX):], safe="")
+        # The image's python (here the host's /usr/bin/python3, read-only);
+        # -S: nothing of its site-packages in the bridge (it is stdlib only).
+        return ["python3", "-S", "-m", "bridge", "--run-dir", CONTAINER_RUN_DIR, "--home", HOME]
 
     def home(self, sandbox_id: str) -> str:
-        return str(self._dir(sandbox_id) / "home")
+        return HOME
+
+    def unavailable_reason(self) -> str | None:
+        return bwrap_problem()
+
+    def _foreign_python(self, argv0: str) -> bool:
+        return super()._foreign_python(argv0) and not argv0.startswith("/usr/")
+
+    # --- create: owner and files ---------------------------------------------------------
+    def _prepare(self, staging: Path, meta: dict) -> None:
+        uid = host_uid(meta["id"]) if os.geteuid() == 0 else None
+        meta["host_uid"] = uid
+        etc = staging / "etc"
+        etc.mkdir(exist_ok=True)
+        (etc / "passwd").write_text(
+            "root:x:0:0:root:/root:/bin/sh\n"
+            f"agent:x:{INSIDE_UID}:{INSIDE_GID}:agent:{HOME}:/bin/bash\n"
+            "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
+        (etc / "group").write_text(f"root:x:0:\nagent:x:{INSIDE_GID}:\nnogroup:x:65534:\n")
+        (etc / "hosts").write_text("127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost\n")
+        (etc / "hostname").write_text("sandbox\n")
+        if uid is not None:
+            # The sandbox's own run dir is still in staging; a given one is where it is.
+            run = staging / "run" if (staging / "run").is_dir() else Path(meta["run_dir"])
+            procs.chown_tree(staging / "home", uid, uid)
+            procs.chown_tree(run, uid, uid)
+
+    def _as_owner(self, sandbox_id: str) -> dict:
+        # The home tar of a running sandbox reads only what the sandbox's own
+        # uid may read: a directory swapped for a link to a host path midway
+        # cannot put a file of the host's into a checkpoint.
+        uid = self._meta(sandbox_id).get("host_uid")
+        return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
+
+    def commit(self, sandbox_id: str, tag: str, *, labels: Mapping[str, str] | None = None) -> str:
+        # Paused while the home is copied (as `docker commit` pauses): the copy
+        # runs as root, and nothing in the sandbox may swap a directory for a
+        # link to a host path under it.
+        stopped = _freeze(self._pid_info(sandbox_id))
+        try:
+            return super().commit(sandbox_id, tag, labels=labels)
+        finally:
+            for pid in stopped:
+                procs.kill(pid, signal.SIGCONT)
+
+    def _after_write(self, sandbox_id: str, meta: dict) -> None:
+        if meta.get("host_uid") is not None:
+            procs.chown_tree(Path(self.host_home(sandbox_id)), meta["host_uid"], meta["host_uid"])
 
     def _env(self, sandbox_id: str, meta: dict, extra: Mapping[str, str] | None = None) -> dict:
-        # A clean environment: nothing of the control plane's (its secrets) leaks in.
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-            "LANG": "C.UTF-8",
-            **meta.get("env", {}),
-            **(extra or {}),
-        }
-        env.update(
-            HOME=self.home(sandbox_id),
-            ALINEO_AGENT_ID=meta["agent_id"],
-            ALINEO_RUN_DIR=meta["run_dir"],
-            ALINEO_SANDBOX_ID=sandbox_id,
-        )
+        env = {"PATH": PATH, "LANG": "C.UTF-8", **meta.get("env", {}), **(extra or {})}
+        env.update(HOME=HOME, USER="agent", LOGNAME="agent", ALINEO_AGENT_ID=meta["agent_id"],
+                   ALINEO_RUN_DIR=CONTAINER_RUN_DIR, ALINEO_SANDBOX_ID=sandbox_id)
         return {str(k): str(v) for k, v in env.items()}
 
-    # --- lifecycle -----------------------------------------------------------------
-    def create(
-        self,
-        agent_id: str,
-        image: str,
-        *,
-        run_dir: str | None = None,
-        limits: Limits | Mapping | None = None,
-        network: str = "none",
-        env: Mapping[str, str] | None = None,
-        labels: Mapping[str, str] | None = None,
-        command: Sequence[str] | None = None,
-        cap_add: Sequence[str] = (),
-    ) -> str:
-        validate_create_args(agent_id, image, network)
+    # --- start -------------------------------------------------------------------------------
+    def _launch(self, sandbox_id: str, path: Path, meta: dict, logf):
+        problem = bwrap_problem()
+        if problem:
+            raise BackendUnavailable(problem)
+        plan = limits_mod.enforcement()
+        lim = meta["limits"]
+        cgroup = None
+        command = list(meta["command"])
+        if plan.mode == "cgroup2":
+            cgroup = limits_mod.make_cgroup(plan, sandbox_id, limits_mod.cgroup_values(
+                lim["pids"], lim["memory_mb"], lim.get("cpus")))
+        else:
+            command = limits_mod.prlimit_argv(limits_mod.rlimits(lim["pids"], lim["memory_mb"])) + command
+        uid = meta.get("host_uid")
+        stage = _Stage(uid is not None)
+        info_r, info_w = os.pipe()
         try:
-            limits = Limits.from_spec(limits)
-        except (TypeError, ValueError) as exc:
-            raise SandboxError(str(exc), permanent=True) from exc
-        snapshot = None
-        if image.startswith(SNAPSHOT_PREFIX):
-            snapshot = self._snapshot_dir(image) / "home"
-            if not snapshot.is_dir():
-                raise ImageMissing(f"local snapshot {image} not found")
-        sandbox_id = f"local-{uuid.uuid4().hex[:12]}"
-        path = self._dir(sandbox_id)
-        self.root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".new-", dir=self.root))
-        try:
-            if snapshot is not None:
-                shutil.copytree(snapshot, staging / "home", symlinks=True)
-            else:
-                (staging / "home").mkdir(mode=0o700)
-            own_run = run_dir is None
-            run = staging / "run" if own_run else Path(run_dir).resolve()
-            run.mkdir(mode=0o755, parents=True, exist_ok=True)
-            meta = {
-                "id": sandbox_id,
-                "agent_id": str(agent_id),
-                "image": image,
-                "run_dir": str(path / "run") if own_run else str(run),
-                "network": network,
-                "limits": {"pids": limits.pids, "memory_mb": limits.memory_mb, "cpus": limits.cpus},
-                "env": {str(k): str(v) for k, v in (env or {}).items()},
-                "labels": {**(labels or {}), LABEL_MANAGED: "1", LABEL_AGENT: str(agent_id)},
-                "command": list(command or PLACEHOLDER_COMMAND),
-                "created": time.time(),
-            }
-            (staging / "meta.json").write_text(json.dumps(meta, indent=1))
-            os.rename(staging, path)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        return sandbox_id
-
-    def start(self, sandbox_id: str) -> None:
-        path = self._existing(sandbox_id)
-        if self.status(sandbox_id) is SandboxStatus.RUNNING:
-            return
-        meta = self._meta(sandbox_id)
-        (path / "exit_code").unlink(missing_ok=True)
-        # A socket left by a dead bridge would refuse connections: clear it.
-        (Path(meta["run_dir"]) / "bridge.sock").unlink(missing_ok=True)
-        with open(path / "sandbox.log", "ab") as logf:
+            argv = ["bwrap", *self._bwrap_argv(sandbox_id, path, meta, stage),
+                    "--info-fd", str(info_w), "--", *command]
+            spec = {"mode": "launch", "cgroup": cgroup, "uid": uid, "gid": uid,
+                    "cpus": self._cpus(sandbox_id, meta, plan), "stage": stage.spec(),
+                    "argv": argv}
             try:
                 proc = subprocess.Popen(
-                    meta["command"],
-                    cwd=self.home(sandbox_id),
-                    env=self._env(sandbox_id, meta),
-                    stdin=subprocess.DEVNULL,
-                    stdout=logf,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    close_fds=True,
-                )
+                    [sys.executable, "-I", "-S", NSEXEC, json.dumps(spec)],
+                    env=self._env(sandbox_id, meta), cwd="/", stdin=subprocess.DEVNULL,
+                    stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+                    pass_fds=(info_w,))
             except OSError as exc:
-                raise SandboxError(f"cannot start {meta['command'][0]!r}: {exc}", permanent=True) from exc
-        _write_json(path / "pid", {"pid": proc.pid, "starttime": _starttime(proc.pid)})
-        # Reap it when it exits while we live (no zombie), and keep its exit code.
-        threading.Thread(target=_reap, args=(proc, path), daemon=True,
-                         name=f"reap-{sandbox_id}").start()
+                os.close(info_r)
+                raise SandboxError(f"cannot start bubblewrap: {exc}", permanent=True) from exc
+        finally:
+            os.close(info_w)
+        child = _read_info(info_r, proc)
+        if child is None:
+            raise SandboxError(f"bubblewrap did not start sandbox {sandbox_id}: "
+                               f"{_tail(path / 'sandbox.log')}", permanent=True)
+        command_pid = (procs.children(child) or [None])[0]  # for tests and operators
+        return proc, {"pid": child, "starttime": procs.starttime(child), "outer": proc.pid,
+                      "command": command_pid, "cgroup": cgroup}
 
-    def _pid(self, sandbox_id: str) -> int | None:
-        """The pid of the running command, or None."""
-        path = self._dir(sandbox_id)
-        try:
-            info = json.loads((path / "pid").read_text())
-        except (FileNotFoundError, ValueError):
+    def _bwrap_argv(self, sandbox_id: str, path: Path, meta: dict, stage: "_Stage") -> list[str]:
+        mem = f"{meta['limits']['memory_mb'] * 1024 * 1024}"
+        argv = ["--unshare-all", "--unshare-user", "--disable-userns"]
+        if meta["network"] == "host":
+            argv.append("--share-net")
+        argv += ["--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
+        for name in ("bin", "lib", "lib64", "sbin"):
+            argv += ["--symlink", f"usr/{name}", f"/{name}"]
+        argv += ["--proc", "/proc", "--dev", "/dev", "--size", mem, "--tmpfs", "/dev/shm",
+                 "--size", mem, "--tmpfs", "/tmp"]
+        etc = list(ETC_FILES) + (list(ETC_HOST_NETWORK) if meta["network"] == "host" else [])
+        for name in etc:
+            argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        for name in ("passwd", "group", "hostname") + (("hosts",) if meta["network"] != "host" else ()):
+            argv += ["--ro-bind", stage.add(f"etc-{name}", path / "etc" / name), f"/etc/{name}"]
+        argv += ["--bind", stage.add("home", self.host_home(sandbox_id)), HOME,
+                 "--bind", stage.add("run", meta["run_dir"]), CONTAINER_RUN_DIR,
+                 "--remount-ro", "/",
+                 "--uid", str(INSIDE_UID), "--gid", str(INSIDE_GID), "--chdir", HOME,
+                 "--new-session"]
+        return argv
+
+    def _cpus(self, sandbox_id: str, meta: dict, plan) -> list[int] | None:
+        if plan.mode == "cgroup2":
             return None
-        pid = int(info["pid"])
-        state, starttime = _proc_stat(pid)
-        if state is None or state in ("Z", "X"):
-            return None
-        if info.get("starttime") is not None and starttime is not None \
-                and starttime != info["starttime"]:
-            return None  # the pid was reused by another process
-        return pid
+        return limits_mod.cpu_set(meta["limits"].get("cpus"), sandbox_id)
 
-    def status(self, sandbox_id: str) -> SandboxStatus:
-        try:
-            self._existing(sandbox_id)
-        except SandboxNotFound:
-            return SandboxStatus.MISSING
-        return SandboxStatus.RUNNING if self._pid(sandbox_id) else SandboxStatus.EXITED
+    # --- exec --------------------------------------------------------------------------------
+    def _exec_popen(self, sandbox_id: str, meta: dict, argv: list[str],
+                    env: Mapping[str, str] | None) -> subprocess.Popen:
+        info = self._pid_info(sandbox_id) or {}
+        if meta.get("isolation") != self.isolation or "outer" not in info:
+            # Made without isolation (before an upgrade): entering its "namespaces"
+            # would be entering the host's. The ladder restarts it first.
+            raise SandboxNotRunning(f"sandbox {sandbox_id} runs without bubblewrap; "
+                                    "it must be restarted before anything runs in it")
+        plan = limits_mod.enforcement()
+        lim = meta["limits"]
+        spec = {"mode": "enter", "target": info.get("pid"), "uid": INSIDE_UID, "gid": INSIDE_GID,
+                "cwd": HOME, "cgroup": info.get("cgroup"), "cpus": self._cpus(sandbox_id, meta, plan),
+                "rlimits": (limits_mod.rlimits(lim["pids"], lim["memory_mb"])
+                            if plan.mode == "rlimit" else None),
+                "argv": argv}
+        return subprocess.Popen(
+            [sys.executable, "-I", "-S", NSEXEC, json.dumps(spec)],
+            env=self._env(sandbox_id, meta, env), cwd="/", stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
-    def _running(self, sandbox_id: str) -> dict:
-        meta = self._meta(sandbox_id)
-        if self._pid(sandbox_id) is None:
-            raise SandboxNotRunning(f"sandbox {sandbox_id} is not running; start it first")
-        return meta
+    # --- stop, remove ----------------------------------------------------------------------
+    def _terminate(self, sandbox_id: str, info: dict, timeout: float) -> None:
+        if "outer" not in info:  # a process group the unisolated backend started
+            return super()._terminate(sandbox_id, info, timeout)
+        init = int(info["pid"])
+        # SIGTERM to the command (the init ignores it: a PID namespace's init
+        # gets only the signals it handles); the init exits with the command,
+        # and the kernel then kills everything else in the namespace.
+        for child in procs.children(init):
+            procs.kill(child, signal.SIGTERM)
+        if not self._wait_gone(sandbox_id, timeout):
+            procs.kill(init, signal.SIGKILL)
+            self._wait_gone(sandbox_id, 5)
+        _drop_cgroup(sandbox_id, info)
 
-    def exec(
-        self,
-        sandbox_id: str,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        timeout: float | None = 60,
-    ) -> ExecResult:
-        argv = [str(a) for a in argv]
-        if not argv:
-            raise ExecFailed("exec needs a command", permanent=True)
-        meta = self._running(sandbox_id)
-        t0 = time.monotonic()
-        try:
-            proc = subprocess.Popen(
-                argv, cwd=self.home(sandbox_id), env=self._env(sandbox_id, meta, env),
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-        except FileNotFoundError as exc:
-            return ExecResult(127, b"", f"{argv[0]}: command not found ({exc})".encode(),
-                              time.monotonic() - t0)
-        except OSError as exc:
-            return ExecResult(126, b"", f"{argv[0]}: {exc}".encode(), time.monotonic() - t0)
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            result = ExecResult(124, out, err, time.monotonic() - t0)
-            raise ExecTimeout(f"{argv[0]!r} timed out after {timeout:g} s", result=result)
-        return ExecResult(_exit_code(proc.returncode), out, err, time.monotonic() - t0)
-
-    def read_home(self, sandbox_id: str) -> Iterator[bytes]:
-        home = self.home(sandbox_id)
-        self._existing(sandbox_id)
-        return self._tar_out(sandbox_id, home)
-
-    def _tar_out(self, sandbox_id: str, home: str) -> Iterator[bytes]:
-        with tempfile.TemporaryFile() as errf:
-            proc = subprocess.Popen(home_tar_argv(home), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=errf)
-            try:
-                while True:
-                    chunk = proc.stdout.read(1 << 20)
-                    if not chunk:
-                        break
-                    yield chunk
-            finally:
-                proc.stdout.close()  # a consumer that stops early: tar gets SIGPIPE
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                code = proc.wait()
-            errf.seek(0)
-            stderr = errf.read()
-        if code not in (0, 1):  # 1: "file changed as we read it", a warning
-            raise ExecFailed(
-                f"tar of the home dir of {sandbox_id} failed with exit code {code}: "
-                + stderr.decode(errors="replace")[-2000:],
-                exit_code=code, stderr=stderr,
-            )
-
-    def write_home(self, sandbox_id: str, tar_chunks: Iterable[bytes]) -> None:
-        self._existing(sandbox_id)
-        safe_extract(as_fileobj(tar_chunks), self.home(sandbox_id), config.restore_caps())
-
-    def commit(self, sandbox_id: str, tag: str, *,
-               labels: Mapping[str, str] | None = None) -> str:
-        if not tag:
-            raise SandboxError("commit needs a tag", permanent=True)
-        self._existing(sandbox_id)
-        ref = tag if tag.startswith(SNAPSHOT_PREFIX) else SNAPSHOT_PREFIX + tag
-        target = self._snapshot_dir(ref)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".new-", dir=target.parent))
-        try:
-            shutil.copytree(self.home(sandbox_id), staging / "home", symlinks=True)
-            _write_json(staging / "meta.json", {
-                "ref": ref, "from": sandbox_id, "created": time.time(),
-                "id": uuid.uuid4().hex, "labels": {str(k): str(v) for k, v in (labels or {}).items()},
-            })
-            if target.exists():  # a tag is moved, as `docker commit` moves it
-                old = target.with_name(f".old-{uuid.uuid4().hex[:8]}")
-                os.rename(target, old)
-                shutil.rmtree(old, ignore_errors=True)
-            os.rename(staging, target)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        return ref
-
-    def stop(self, sandbox_id: str, timeout: float = 10) -> None:
-        self._existing(sandbox_id)
-        pid = self._pid(sandbox_id)
-        if pid is None:
-            return
-        _killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self._pid(sandbox_id) is not None:
-            time.sleep(0.02)
-        # The leader is gone or overdue: take the whole group down, as docker does.
-        _killpg(pid, signal.SIGKILL)
+    def _kill_all(self, sandbox_id: str, info: dict | None) -> None:
+        if info is None or "outer" not in info:
+            return super()._kill_all(sandbox_id, info)
+        procs.kill(int(info["pid"]), signal.SIGKILL)  # the PID namespace dies with its init
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and self._pid(sandbox_id) is not None:
+        while procs.alive(int(info["pid"]), info.get("starttime")) and time.monotonic() < deadline:
             time.sleep(0.02)
-
-    def remove(self, sandbox_id: str) -> None:
-        path = self._dir(sandbox_id)
-        if not path.exists():
-            return
-        pid = self._pid(sandbox_id)
-        trash = self.root / f".rm-{sandbox_id}-{uuid.uuid4().hex[:6]}"
-        try:
-            # Gone for status() BEFORE its process dies: a driver that sees its
-            # bridge drop must find the sandbox missing, never merely exited.
-            os.rename(path, trash)
-        except FileNotFoundError:
-            trash = None
-        if pid is not None:
-            _killpg(pid, signal.SIGKILL)
-        if trash is not None:
-            _rmtree(trash)
-
-    # --- queries ---------------------------------------------------------------------
-    def list(self, labels: Mapping[str, str] | None = None) -> list[SandboxHandle]:
-        out = []
-        if not self.root.is_dir():
-            return out
-        for entry in sorted(self.root.iterdir()):
-            if entry.name.startswith((".", "_")):
-                continue
-            try:
-                meta = json.loads((entry / "meta.json").read_text())
-            except (FileNotFoundError, ValueError, NotADirectoryError):
-                continue
-            if any(meta["labels"].get(k) != v for k, v in (labels or {}).items()):
-                continue
-            out.append(SandboxHandle(
-                id=entry.name, backend=self.name, agent_id=meta["agent_id"], image=meta["image"],
-                home=self.home(entry.name), status=self.status(entry.name),
-                labels=dict(meta["labels"]),
-            ))
-        return out
-
-    def image_exists(self, image: str) -> bool:
-        """A local snapshot exists when its copy does; "default" is the host."""
-        if image.startswith(SNAPSHOT_PREFIX):
-            return (self._snapshot_dir(image) / "home").is_dir()
-        return image == "default"
-
-    def image_id(self, image: str) -> str:
-        """A snapshot's id (new at each commit); the host "image" is its name."""
-        if image.startswith(SNAPSHOT_PREFIX):
-            try:
-                meta = json.loads((self._snapshot_dir(image) / "meta.json").read_text())
-            except (FileNotFoundError, ValueError) as exc:
-                raise ImageMissing(f"local snapshot {image} not found") from exc
-            return meta.get("id") or f"{image}@{meta.get('created')}"
-        return image
-
-    def remove_image(self, image: str) -> None:
-        if image.startswith(SNAPSHOT_PREFIX):
-            _rmtree(self._snapshot_dir(image))
+        _drop_cgroup(sandbox_id, info)
 
 
-# --- process helpers ----------------------------------------------------------------
-def _proc_stat(pid: int) -> tuple[str | None, int | None]:
-    """(state letter, start time in clock ticks) of a pid; (None, None) if gone."""
+def host_uid(sandbox_id: str) -> int:
+    """The host uid a sandbox runs as under a root control plane."""
+    digits = "".join(c for c in sandbox_id if c in "0123456789abcdef")[-12:]
+    return UID_BASE + int(digits[:6] or "0", 16)
+
+
+@functools.lru_cache(maxsize=1)
+def bwrap_problem() -> str | None:
+    """Why bubblewrap cannot run sandboxes here, or None (probed once per process)."""
+    if not shutil.which("bwrap"):
+        return ("bubblewrap is not installed (`apt-get install bubblewrap`, or `bash "
+                ".ci/bwrap-up` as root)")
+    if limits_mod.enforcement().mode == "rlimit" and not shutil.which("prlimit"):
+        return "prlimit (util-linux) is missing: the local backend cannot set limits"
+    argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--ro-bind", "/usr",
+            "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
+            "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev",
+            "--uid", str(INSIDE_UID), "--gid", str(INSIDE_GID), "--", "true"]
+    spec = {"mode": "launch", "uid": UID_BASE, "gid": UID_BASE, "argv": argv}
     try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return None, None
+        res = subprocess.run([sys.executable, "-I", "-S", NSEXEC, json.dumps(spec)], cwd="/",
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bubblewrap cannot be run: {exc}"
+    if res.returncode != 0:
+        return ("bubblewrap cannot create a sandbox here (user namespaces disabled?): "
+                + (res.stderr.strip() or f"exit code {res.returncode}")[-500:])
+    return None
+
+
+class _Stage:
+    """The host paths bubblewrap binds. Under a root control plane they are
+    bound first under :data:`STAGE` in a mount namespace of the launcher's own
+    (sandboxes/backends/nsexec.py), because bubblewrap runs as the sandbox's
+    uid, which may not pass through the data dir; otherwise they are used as they are."""
+
+    def __init__(self, staged: bool):
+        self.staged = staged
+        self.binds: dict[str, str] = {}
+
+    def add(self, name: str, source) -> str:
+        if not self.staged:
+            return str(source)
+        self.binds[name] = str(source)
+        return f"{STAGE}/{name}"
+
+    def spec(self) -> dict | None:
+        return {"at": STAGE, "binds": self.binds} if self.staged else None
+
+
+def _read_info(fd: int, proc: subprocess.Popen) -> int | None:
+    """The host pid of the sandbox's init, from bwrap's --info-fd (None if it failed)."""
+    buf = b""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            if ready:
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    break
+                buf += chunk
+            elif proc.poll() is not None:
+                break
+    finally:
+        os.close(fd)
+    try:
+        child = int(json.loads(buf)["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(5)
+        return None
+    # bwrap reports its child before the child has set up the inner user
+    # namespace (the one mapping uid 1000); it forks the command only once all
+    # is set up, and exec must not enter a sandbox that is half made.
+    start = procs.starttime(child)
+    while time.monotonic() < deadline and procs.alive(child, start) and not procs.children(child):
+        time.sleep(0.005)
+    return child
+
+
+def _freeze(info: dict | None) -> list[int]:
+    """SIGSTOP every process in the sandbox's PID namespace (again, until no
+    new one appears: a process may fork while we go); the pids stopped."""
+    if not info or "outer" not in info:
+        return []
+    try:
+        ns = os.stat(f"/proc/{int(info['pid'])}/ns/pid").st_ino
     except OSError:
-        try:  # not Linux: existence only
-            os.kill(pid, 0)
-            return "R", None
-        except ProcessLookupError:
-            return None, None
-        except PermissionError:
-            return "R", None
-    fields = raw[raw.rindex(")") + 2:].split()
-    return fields[0], int(fields[19])
+        return []
+    stopped: list[int] = []
+    for _ in range(50):
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) not in stopped:
+                try:
+                    if os.stat(entry / "ns" / "pid").st_ino == ns:
+                        found.append(int(entry.name))
+                except OSError:
+                    continue
+        if not found:
+            break
+        for pid in found:
+            procs.kill(pid, signal.SIGSTOP)
+        stopped += found
+    return stopped
 
 
-def _starttime(pid: int) -> int | None:
-    return _proc_stat(pid)[1]
-
-
-def _killpg(pgid: int, sig: int) -> None:
+def _tail(path: Path) -> str:
     try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _exit_code(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def _reap(proc: subprocess.Popen, path: Path) -> None:
-    code = proc.wait()
-    try:
-        if path.is_dir():
-            (path / "exit_code").write_text(str(_exit_code(code)))
+        return path.read_text(errors="replace")[-1500:].strip()
     except OSError:
-        pass
+        return "(no log)"
 
 
-def _write_json(path: Path, data) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
-def _rmtree(path: Path) -> None:
-    def onerror(func, p, exc_info):
+def _drop_cgroup(sandbox_id: str, info: dict) -> None:
+    if info.get("cgroup"):
         try:
-            os.chmod(os.path.dirname(p), 0o700)
-            os.chmod(p, 0o700)
-            func(p)
+            os.rmdir(info["cgroup"])
         except OSError:
             pass
-
-    shutil.rmtree(path, onerror=onerror)

@@ -22,7 +22,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from sessions import journal
+from sessions import journal, specs
 from sessions.models import Agent, Checkpoint, CommandVerb, Event
 
 from .base import (
@@ -39,7 +39,7 @@ from .base import (
     request_hash,
 )
 from . import lineage, quotas
-from .spawn import create_agent, normalized
+from .spawn import create_agent, no_sandbox, normalized
 
 ORIGINS = ("checkpoint", "at_event")
 
@@ -55,6 +55,10 @@ def fork(user, agent_id: str, body: Any, key: str | None = None) -> Outcome:
         if field in body and (not isinstance(value, int) or isinstance(value, bool) or value < 1
                               or value > 2**62):
             raise CommandRefused(400, "request.invalid", f"{field} must be a positive integer.")
+    try:
+        specs.require_backend()
+    except specs.SandboxUnavailable as exc:
+        raise no_sandbox(exc) from exc
     parent = parent_id(body)
     prompt = optional_text("prompt", body.get("prompt"))
     digest = request_hash("fork", agent_id, body)

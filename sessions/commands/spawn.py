@@ -52,11 +52,18 @@ def spawn(user, body: Any, key: str | None = None) -> Outcome:
         spec = specs.validate_for_spawn(raw)
     except specs.SpecError as exc:
         raise CommandRefused(400, "spec.invalid", str(exc), field=exc.field) from exc
+    except specs.SandboxUnavailable as exc:
+        raise no_sandbox(exc) from exc
     named = named_limits(body.get("spec"))
     prompt = optional_text("prompt", body.get("prompt"))
     digest = request_hash("spawn", None, body)
     return execute(user, key, digest,
                    partial(_spawn, user, spec, parent, prompt, key, digest, named))
+
+
+def no_sandbox(exc: Exception) -> CommandRefused:
+    """The refusal when no sandbox backend works here (sessions/specs.py require_backend)."""
+    return CommandRefused(409, "sandbox.unavailable", str(exc))
 
 
 def spawn_child(parent_id: str, prompt: str, spec: dict | None, key: str) -> str:

@@ -8,6 +8,8 @@ from django.http import HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from sandboxes.backends import get_backend
+
 from ..access import workspaces_of
 from ..forms import TextCommandForm
 from ..models import Event
@@ -45,10 +47,24 @@ def fork_origins(agent_ids: list[str]) -> dict[str, dict]:
     return {agent_id: data["fork"] for agent_id, data in rows if (data or {}).get("fork")}
 
 
+def sandbox_notice() -> str | None:
+    """What the tree page says above the agents when agents cannot be isolated
+    or cannot be spawned at all (sessions/checks.py W006, W007 say it too)."""
+    backend = get_backend()
+    reason = backend.unavailable_reason()
+    if reason:
+        return f"Agents cannot be spawned here: {reason}."
+    if not backend.isolated:
+        return ("Agents run UNISOLATED (ALINEO_SANDBOX=unisolated): as this server's user, "
+                "with its files and network. For development only.")
+    return None
+
+
 @require_GET
 @login_required
 def home(request):
-    return render(request, "sessions/home.html", tree_context(request.user))
+    return render(request, "sessions/home.html",
+                  {**tree_context(request.user), "sandbox_notice": sandbox_notice()})
 
 
 @require_GET

@@ -15,12 +15,16 @@ rung is ``agent.lost {reason}``.
    as ``turn.interrupted {reason: bridge_restarted}`` itself.
 3. **restart** — a sandbox left exited that ``restarts_in_place`` (a reboot, a
    daemon crash): ``start`` — its disk is intact — then the bridge resumes as in 2.
+   Also a sandbox whose backend gives a ``restart_reason`` (one made with
+   another isolation, e.g. by the unisolated backend before an upgrade):
+   stopped, started under this backend's isolation, reason journaled.
 4. **restore** — the sandbox is missing or cannot start: a fresh sandbox from
    the setup snapshot with the newest usable turn checkpoint extracted safely
    into its home (sessions/worker/plans.py); the checkpoint's session file
-   tells the relay where the restored bridge's events continue (the cursor is
-   set to ``min(journaled cursor, the checkpoint's head)``, so nothing is
-   journaled twice and nothing the restored bridge emits is skipped), and its
+   tells the relay where the restored bridge's events continue (the journaled
+   cursor, in the checkpoint's session; when the lost bridge had got past the
+   checkpoint, the restored one numbers its events after that cursor: no
+   number is journaled twice and nothing it emits is skipped), and its
    turn counter is moved past the transcript's newest turn. Wait-for inputs
    are written again.
 5. **rebuild** — no usable checkpoint (the reason says what became of the
@@ -99,6 +103,10 @@ async def recover(info: AgentInfo, backend: SandboxBackend, link: BridgeLink, *,
     log.info("agent %s: sandbox %s is %s (boot=%s)", info.id, sid[:16], state, boot)
     if state is SandboxStatus.UNKNOWN:
         raise LadderError(f"the {backend.name} backend cannot tell the state of sandbox {sid} now")
+    if state is not SandboxStatus.MISSING:
+        why = await asyncio.to_thread(backend.restart_reason, sid)
+        if why:
+            return await _restart_in_place(info, backend, link, state, why, here)
     if state is SandboxStatus.RUNNING:
         state = await _reattach_or_resume(info, backend, link, boot=boot, takeover=takeover)
         if state is None:
@@ -148,6 +156,30 @@ async def _reattach_or_resume(info: AgentInfo, backend: SandboxBackend, link: Br
     await _journal_rung(info.id, "resume", "bridge_unresponsive", sid, sid)
     await _connect_or_retry(link, sid)
     return None
+
+
+async def _restart_in_place(info: AgentInfo, backend: SandboxBackend, link: BridgeLink,
+                            state: SandboxStatus, why: str, here: Recovered) -> Recovered:
+    """A sandbox the backend must restart before it is used (made with another
+    isolation: an upgrade moves a local sandbox into bubblewrap): stopped if it
+    runs, started again with its disk, journaled as a restart with the reason;
+    the bridge resumes its session and settles a running turn itself."""
+    sid = info.sandbox_id
+    log.warning("agent %s: sandbox %s is restarted in place (%s)", info.id, sid[:16], why)
+    try:
+        if state is SandboxStatus.RUNNING:
+            await asyncio.to_thread(backend.stop, sid, 5)
+        await asyncio.to_thread(backend.start, sid)
+    except SandboxNotFound:
+        return await _fresh(info, backend, link, "sandbox_missing")
+    except SandboxError as exc:
+        if not exc.permanent:
+            raise LadderError(f"cannot restart sandbox {sid} in place: {exc}") from exc
+        log.warning("agent %s: sandbox %s cannot start (%s): restoring", info.id, sid, exc)
+        return await _fresh(info, backend, link, "sandbox_cannot_start")
+    await _journal_rung(info.id, "restart", why, sid, sid)
+    await _connect_or_retry(link, sid)
+    return here
 
 
 async def _move_here(info: AgentInfo, old_backend: SandboxBackend, link: BridgeLink) -> Recovered:
@@ -237,7 +269,9 @@ def _cursor_after(info: AgentInfo, plan: plans.Plan) -> tuple[int, str]:
     """Where the relay continues in the fresh sandbox's bridge session."""
     if plan.rung == "restore" and plan.cp_session:
         if info.session == plan.cp_session:
-            return min(info.cursor, plan.cp_head), plan.cp_session
+            # Behind the checkpoint: its bridge serves the rest from its outbox;
+            # past it: its numbering was moved past the cursor (plans.bseq_floor).
+            return info.cursor, plan.cp_session
         return plan.cp_head, plan.cp_session
     if plan.rung == "rebuild":
         return 0, ""  # a new session counting from 1; adopting it is no news

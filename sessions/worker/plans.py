@@ -31,12 +31,14 @@ class Plan:
     cp_session: str = ""
     cp_head: int = 0
     cp_current_turn: int | None = None
+    # The journaled cursor when it is in the checkpoint's session (launch.Fresh.bseq_floor).
+    bseq_floor: int = 0
     extra: dict = field(default_factory=dict)
 
     @property
     def fresh(self) -> Fresh:
         return Fresh(checkpoint=self.checkpoint["path"] if self.checkpoint else None,
-                     seed=self.seed, max_turn=self.max_turn)
+                     seed=self.seed, max_turn=self.max_turn, bseq_floor=self.bseq_floor)
 
 
 def _max_turn(events) -> int:
@@ -93,7 +95,11 @@ def for_recovery(info: AgentInfo, *, skip_checkpoints: bool = False,
                 plan = _from_checkpoint(row, "sandbox_missing", _max_turn(events))
             except archive.CheckpointUnreadable:
                 return _rebuild(events, reason or "checkpoint_unusable")
-            return plan or _rebuild(events, reason or "checkpoint_without_session")
+            if plan is None:
+                return _rebuild(events, reason or "checkpoint_without_session")
+            if plan.cp_session and plan.cp_session == info.session:
+                plan.bseq_floor = info.cursor
+            return plan
     return _rebuild(events, reason or _without_checkpoint(info, rows[0] if rows else None, now))
 
 

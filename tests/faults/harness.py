@@ -265,7 +265,8 @@ def of(events, etype: str) -> list[dict]:
 def sandbox_pid_local(server: LiveServer, sandbox_id: str) -> int:
     import json
 
-    return int(json.loads((server.data_dir / "sandboxes" / sandbox_id / "pid").read_text())["pid"])
+    info = json.loads((server.data_dir / "sandboxes" / sandbox_id / "pid").read_text())
+    return int(info.get("command") or info["pid"])  # bubblewrap: the bridge, not the init
 
 
 # --- the summary table (tests/faults/conftest.py prints it) --------------------------------------

@@ -49,7 +49,23 @@ def remove_sandboxes_made_by_live_servers(tmp_path_factory):
     if os.environ.get("ALINEO_DATA_DIR"):
         roots.append(os.path.realpath(os.environ["ALINEO_DATA_DIR"]))
     _remove_containers_under(roots)
+    _remove_local_sandboxes_under(roots)
     _kill_local_bridges_under(roots)
+
+
+def _remove_local_sandboxes_under(roots: list[str]) -> None:
+    """bubblewrap sandboxes see their run dir as /run/alineo, so their
+    environment names no host path: remove them by their data dirs instead."""
+    from pathlib import Path
+
+    from sandboxes.backends.local import LocalBackend
+
+    for root in roots:
+        for pattern in ("*/sandboxes", "*/*/sandboxes", "*/*/*/sandboxes"):
+            for found in Path(root).glob(pattern):
+                backend = LocalBackend(root=found)
+                for handle in backend.list():
+                    backend.remove(handle.id)
 
 
 def _under(path: str, roots: list[str]) -> bool:

@@ -89,7 +89,9 @@ def run_proc(*args: str) -> subprocess.Popen:
 
 
 def sandbox_pid(world: World, sid: str) -> int:
-    return json.loads((world.server.data_dir / "sandboxes" / sid / "pid").read_text())["pid"]
+    """The bridge's host pid (bubblewrap records it as "command"; "pid" is its init)."""
+    info = json.loads((world.server.data_dir / "sandboxes" / sid / "pid").read_text())
+    return info.get("command") or info["pid"]
 
 
 def sleeping(events) -> bool:

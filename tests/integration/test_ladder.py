@@ -84,8 +84,8 @@ def kill_bridge(w: World, sid: str) -> None:
         finally:
             client.close()
     else:
-        pid = json.loads((w.server.data_dir / "sandboxes" / sid / "pid").read_text())["pid"]
-        os.kill(pid, signal.SIGKILL)
+        info = json.loads((w.server.data_dir / "sandboxes" / sid / "pid").read_text())
+        os.kill(info.get("command") or info["pid"], signal.SIGKILL)  # the bridge (bubblewrap: not its init)
 
 
 def sleeping(evs) -> bool:

@@ -107,7 +107,7 @@ def local_box(tmp_path):
 
 def test_store_and_restore_a_checkpoint_locally(local_box, tmp_path):
     backend, sid = local_box
-    home = backend.home(sid)
+    home = backend.host_home(sid)
     os.makedirs(os.path.join(home, "work"))
     os.makedirs(os.path.join(home, ".cache"))
     with open(os.path.join(home, "work", "a.txt"), "w") as fh:
@@ -126,7 +126,7 @@ def test_store_and_restore_a_checkpoint_locally(local_box, tmp_path):
     fresh = backend.create("agent1", "host")
     try:
         assert cp.restore_checkpoint(backend, fresh, path) >= 0
-        with open(os.path.join(backend.home(fresh), "work", "a.txt")) as fh:
+        with open(os.path.join(backend.host_home(fresh), "work", "a.txt")) as fh:
             assert fh.read() == "hello"
     finally:
         backend.remove(fresh)
@@ -154,7 +154,7 @@ def test_restoring_a_crafted_checkpoint_is_refused(local_box, tmp_path):
     bad.write_bytes(zstandard.ZstdCompressor().compress(buf.getvalue()))
     with pytest.raises(UnsafeArchive):
         cp.restore_checkpoint(backend, sid, bad)
-    assert not os.path.exists(os.path.join(os.path.dirname(backend.home(sid)), "escaped"))
+    assert not os.path.exists(os.path.join(os.path.dirname(backend.host_home(sid)), "escaped"))
 
 
 # --- validated_tar: the check the docker backend runs while it streams --------------------

@@ -26,11 +26,30 @@ def with_engine(engine: str) -> dict:
     return {"default": {**settings.DATABASES["default"], "ENGINE": engine}}
 
 
+@pytest.fixture
+def private_data_dir(tmp_path):
+    """A data dir as settings.py makes it (0700), whatever the caller's umask
+    made of the one this run uses."""
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    return data
+
+
 @pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
-def test_defaults_raise_nothing():
+def test_defaults_raise_nothing(private_data_dir):
     with override_settings(ALINEO_WORKERS=1, CHANNEL_LAYERS=IN_MEMORY, ALINEO_SANDBOX="auto",
-                           DATABASES=with_engine("django.db.backends.sqlite3")):
-        assert alineo_ids() == set()
+                           DATABASES=with_engine("django.db.backends.sqlite3"),
+                           DATA_DIR=private_data_dir):
+        # I001 (how local sandboxes enforce limits) is information, shown when auto is local.
+        assert alineo_ids() - {"alineo.I001"} == set()
+
+
+def test_a_data_dir_other_users_can_read_warns(private_data_dir):
+    with override_settings(DATA_DIR=private_data_dir):
+        assert "alineo.W008" not in alineo_ids()
+        private_data_dir.chmod(0o755)
+        warning = next(m for m in run_checks() if m.id == "alineo.W008")
+        assert str(private_data_dir) in warning.msg and "chmod -R go-rwx" in warning.hint
 
 
 @pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
@@ -70,10 +89,39 @@ def test_an_unsupported_database_is_an_error():
         assert "alineo.E001" in alineo_ids()
 
 
-@pytest.mark.parametrize("choice", ["auto", "docker", "local"])
+@pytest.mark.parametrize("choice", ["auto", "docker", "local", "unisolated"])
 def test_known_sandbox_choices_pass(choice):
     with override_settings(ALINEO_SANDBOX=choice):
         assert "alineo.E002" not in alineo_ids()
+
+
+def test_unisolated_sandboxes_warn():
+    with override_settings(ALINEO_SANDBOX="unisolated"):
+        assert "alineo.W006" in alineo_ids()
+    with override_settings(ALINEO_SANDBOX="local"):
+        assert "alineo.W006" not in alineo_ids()
+
+
+def test_the_local_backend_says_how_it_enforces_limits():
+    from sandboxes.backends.limits import enforcement
+
+    with override_settings(ALINEO_SANDBOX="local"):
+        [info] = [m for m in run_checks() if m.id == "alineo.I001"]
+    assert enforcement().describe() in info.msg
+
+
+def test_no_backend_at_all_warns_but_does_not_stop_the_server(monkeypatch):
+    from django.core.checks import ERROR
+
+    from sandboxes.backends.unavailable import UnavailableBackend
+
+    none = UnavailableBackend("no sandbox backend: bubblewrap is not installed")
+    monkeypatch.setattr("sandboxes.backends.resolve_backend_name", lambda setting=None: "none")
+    monkeypatch.setattr("sandboxes.backends.get_backend", lambda name=None: none)
+    with override_settings(ALINEO_SANDBOX="auto"):
+        messages = [m for m in run_checks() if m.id == "alineo.W007"]
+    assert messages and "bubblewrap is not installed" in messages[0].msg
+    assert messages[0].level < ERROR  # a warning: `serve` still starts
 
 
 def test_an_unknown_sandbox_choice_is_an_error():

@@ -226,10 +226,13 @@ def _sandbox_pid(path: Path) -> int | None:
 
 
 def _killpg(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    """The previous code's sandbox: a process group led by pid. Today's: pid is
+    the init of a bubblewrap PID namespace, and everything in it dies with it."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def cleanup_sandboxes(kind: str, data_dir: Path) -> None:

@@ -236,9 +236,9 @@ def test_local_process_outlives_its_parent_group(local_sandboxes):
     sandboxes = local_sandboxes
     b = sandboxes.backend
     sid = sandboxes.started()
-    pid = b._pid(sid)
-    assert pid and os.getpgid(pid) == pid != os.getpgrp()  # its own process group
-    assert os.getsid(pid) == pid  # and its own session: no controlling terminal of ours
+    pid = b._pid(sid)  # the init of its PID namespace
+    assert pid and os.getpgid(pid) != os.getpgrp()  # not in our process group
+    assert os.getsid(pid) != os.getsid(0)  # nor our session: no controlling terminal of ours
 
 
 # --- the factory ------------------------------------------------------------------------------
@@ -299,3 +299,38 @@ def test_the_default_image_is_the_base_image(sandboxes):
     assert b.image_exists("default")
     sid = sandboxes.started(image="default")
     assert b.exec(sid, ["python3", "-c", "print('py ok')"]).stdout == b"py ok\n"
+
+
+def test_an_unisolated_sandbox_is_moved_into_bubblewrap_and_back(tmp_path):
+    """A data dir upgraded in place (docs/LOCAL_SANDBOX.md): a running sandbox of
+    the unisolated backend is one the local backend will not exec into and asks
+    to restart; its next start runs it under bubblewrap, home intact. Switching
+    to unisolated again moves it out the same way."""
+    import sys
+
+    from sandboxes.backends.local import LocalBackend
+    from sandboxes.backends.unisolated import UnisolatedBackend
+
+    root, run = tmp_path / "sandboxes", tmp_path / "run"
+    unisolated, local = UnisolatedBackend(root=root), LocalBackend(root=root)
+    sid = unisolated.create("agent-move", "default", run_dir=str(run), env={"PYTHONPATH": str(run)},
+                            command=[sys.executable, "-S", "-c", "import time; time.sleep(600)"])
+    try:
+        unisolated.start(sid)
+        assert unisolated.exec(sid, ["sh", "-c", "echo kept > kept.txt"]).ok
+        assert local.restart_reason(sid) == "isolation_changed:none->bwrap"
+        with pytest.raises(SandboxNotRunning, match="without bubblewrap"):
+            local.exec(sid, ["true"])
+        local.stop(sid, 5)
+        local.start(sid)
+        assert local.restart_reason(sid) is None
+        res = local.exec(sid, ["sh", "-c", 'id -u; cat kept.txt; echo "$PYTHONPATH"'])
+        assert res.text.split() == ["1000", "kept", "/run/alineo"], res
+        assert unisolated.restart_reason(sid) == "isolation_changed:bwrap->none"
+        unisolated.stop(sid, 5)
+        assert unisolated.status(sid) is SandboxStatus.EXITED
+        unisolated.start(sid)
+        res = unisolated.exec(sid, ["sh", "-c", 'cat kept.txt; echo "$PYTHONPATH"'])
+        assert res.text.split() == ["kept", str(run)], res
+    finally:
+        local.remove(sid)

@@ -23,6 +23,9 @@ class FakeBackend:
         real = {"docker": DockerBackend, "local": LocalBackend}[name]
         self.installs_packages, self.image_hint = real.installs_packages, real.image_hint
 
+    def unavailable_reason(self):
+        return None
+
     def image_exists(self, image):
         self.asked.append(image)
         if self.error is not None:
@@ -149,6 +152,24 @@ def test_post_refuses_a_missing_image_when_spawn_checks_availability(api, monkey
     body = assert_error(api.post("/api/agents", {"spec": {"image": "nope:1"}}), 400, "spec.invalid")
     assert body["field"] == "image"
     assert _nothing_written()
+
+
+@pytest.mark.django_db
+def test_post_and_fork_are_refused_with_409_when_no_backend_works(api, workspace, monkeypatch):
+    """No Docker and no bubblewrap (sandboxes/backends/unavailable.py): the
+    server serves, but spawning and forking are a 409 saying why, nothing written."""
+    from sandboxes.backends.unavailable import UnavailableBackend
+
+    none = UnavailableBackend("no sandbox backend: bubblewrap is not installed")
+    monkeypatch.setattr("sessions.specs.get_backend", lambda name=None: none)
+    body = assert_error(api.post("/api/agents", {"spec": {"model": "demo"}}), 409,
+                        "sandbox.unavailable")
+    assert "bubblewrap is not installed" in body["message"]
+    assert _nothing_written()
+    source = Agent.objects.create(workspace=workspace, spec={"model": "demo"})
+    assert_error(api.post(f"/api/agents/{source.id}/fork", {"at_event": 1}), 409,
+                 "sandbox.unavailable")
+    assert Agent.objects.count() == 1 and not Event.objects.exists()
 
 
 def test_provider_key_envs_match_the_bridge():

@@ -91,3 +91,24 @@ def test_the_tree_shows_where_a_fork_came_from(client, owner, workspace):
     client.force_login(owner)
     html = client.get("/").content.decode()
     assert f"forked from <a href=\"/agents/{source.id}" in html and "@ event 7" in html
+
+
+def test_the_tree_page_says_when_agents_cannot_be_spawned_or_isolated(logged_in, monkeypatch):
+    from sandboxes.backends.unavailable import UnavailableBackend
+    from sandboxes.backends.unisolated import UnisolatedBackend
+
+    none = UnavailableBackend("no sandbox backend: bubblewrap is not installed")
+    monkeypatch.setattr("sessions.dashboard.tree.get_backend", lambda: none)
+    html = logged_in.get("/").content.decode()
+    assert 'id="sandbox-notice"' in html and "bubblewrap is not installed" in html
+    monkeypatch.setattr("sessions.dashboard.tree.get_backend", lambda: UnisolatedBackend(root="/nonexistent"))
+    assert "UNISOLATED" in logged_in.get("/").content.decode()
+
+
+def test_the_tree_page_says_nothing_when_sandboxes_are_isolated(logged_in, monkeypatch):
+    from sandboxes.backends.local import LocalBackend
+
+    local = LocalBackend(root="/nonexistent")
+    monkeypatch.setattr(local, "unavailable_reason", lambda: None)
+    monkeypatch.setattr("sessions.dashboard.tree.get_backend", lambda: local)
+    assert 'id="sandbox-notice"' not in logged_in.get("/").content.decode()
