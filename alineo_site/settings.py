@@ -199,7 +199,7 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "alineo_site.layers.InMemoryChannelLayer"}}
 
-# --- Login throttling (django-axes; docs/SECURITY.md "The web side") -----------------------
+# --- Login throttling (django-axes; docs/SECURITY.md#the-web-side) -----------------------
 # Failed password logins (the dashboard's and the admin's login forms) are
 # counted per client address: ALINEO_LOGIN_FAILURES of them, each less than
 # ALINEO_LOGIN_LOCKOUT_S after the one before, lock that client out of logging
@@ -245,7 +245,7 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "static"
 
-# --- Content-Security-Policy (django-csp 4.x; docs/SECURITY.md "The web side") -----------------
+# --- Content-Security-Policy (django-csp 4.x; docs/SECURITY.md#the-web-side) -----------------
 # Every response says: scripts, styles, images, fonts and fetches (the SSE
 # stream too) only from this origin, no inline script or style and no eval,
 # no plugins, no <base> elsewhere, forms post only here, and no framing. The
@@ -267,7 +267,7 @@ CONTENT_SECURITY_POLICY = {
     },
 }
 
-# --- Cookies and transport (docs/SECURITY.md "The web side") ------------------------------------
+# --- Cookies and transport (docs/SECURITY.md#the-web-side) ------------------------------------
 # ALINEO_HTTPS=1: browsers reach Alineo over HTTPS. Then the session and CSRF
 # cookies are sent over HTTPS only. `manage.py serve` itself speaks plain HTTP,
 # so HTTPS means a TLS-terminating reverse proxy in front, and Django learns

@@ -246,7 +246,8 @@ class Recovery:
     def run(self, live) -> None:
         live.start()
         actor = live.create_actor("bench")
-        # n sandboxes at once: above the default quotas (docs/SECURITY.md "Children, approvals and quotas").
+        # n sandboxes at once: above the default quotas
+        # (docs/SECURITY.md#children-approvals-and-quotas).
         live.set_quotas(actor, max_agents=self.n + 8, max_sandboxes=self.n + 8)
         self.client = Client(live.url, actor.auth)
         self.spawn()

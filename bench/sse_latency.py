@@ -233,7 +233,8 @@ async def run(live, quick: bool) -> list[dict]:
     m = Measured(n=60 if quick else 200)  # 200 samples: p99 is not just the single slowest one
     nb = 30 if quick else 60
     actor = live.create_actor("bencher")
-    # IDLE streams of one user: above the default quota (docs/SECURITY.md "Children, approvals and quotas").
+    # IDLE streams of one user: above the default quota
+    # (docs/SECURITY.md#children-approvals-and-quotas).
     live.set_quotas(actor, max_streams_per_user=IDLE + 32)
     w = Watched(live, actor.token, make_agents(live, actor))
     await w.watcher.open()

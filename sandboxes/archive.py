@@ -98,6 +98,30 @@ def turn_of(path: str | os.PathLike) -> int | None:
     return int(m.group(1)) if m else None
 
 
+class HomeTooLarge(SandboxError):
+    """A home past ALINEO_RESTORE_MAX_BYTES: a checkpoint of it could never be
+    restored (sandboxes/safe_tar.py refuses it), so none is taken."""
+
+    permanent_default = True
+
+
+def _capped(chunks: Iterable[bytes], sandbox_id: str) -> Iterable[bytes]:
+    """The tar stream of a home, stopped once it passes the restore cap — a
+    sandbox's sparse 1 TB file must not cost the host a 1 TB read and compress."""
+    max_bytes, _ = config.restore_caps()
+    total = 0
+    try:
+        for chunk in chunks:
+            total += len(chunk)
+            if total > max_bytes:
+                raise HomeTooLarge(
+                    f"the home of {sandbox_id} is over ALINEO_RESTORE_MAX_BYTES ({max_bytes} "
+                    "bytes) as a tar: no checkpoint taken (one that large could not be restored)")
+            yield chunk
+    finally:
+        getattr(chunks, "close", lambda: None)()  # stops the tar (read_home's finally)
+
+
 def store_checkpoint(backend, sandbox_id: str, agent_id: str, turn: int, *,
                      root: str | os.PathLike | None = None, level: int = ZSTD_LEVEL,
                      stem: str | None = None) -> StoredCheckpoint:
@@ -117,7 +141,7 @@ def store_checkpoint(backend, sandbox_id: str, agent_id: str, turn: int, *,
         with open(tmp, "wb") as fh:
             cctx = zstandard.ZstdCompressor(level=level, threads=-1)
             with cctx.stream_writer(fh, closefd=False) as writer:
-                for chunk in backend.read_home(sandbox_id):
+                for chunk in _capped(backend.read_home(sandbox_id), sandbox_id):
                     writer.write(chunk)
             fh.flush()
             os.fsync(fh.fileno())

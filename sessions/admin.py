@@ -18,7 +18,7 @@ from .models import (
 from .specs import LIMIT_MAX
 
 MAX_DAYS = settings.ALINEO_CHECKPOINT_MAX_DAYS
-#: Workspace quotas (docs/SECURITY.md "Children, approvals and quotas"), edited on the workspace's page.
+#: Workspace quotas (docs/SECURITY.md#children-approvals-and-quotas), edited on its page.
 QUOTA_FIELDS = ["max_agents", "max_depth", "max_sandboxes", "max_memory_mb", "max_pids",
                 "max_cpus", "max_streams_per_user"]
 

@@ -37,7 +37,7 @@ class Workspace(models.Model):
     zero_data_retention = models.BooleanField(
         default=False, help_text="Take no checkpoints and no snapshots for this workspace's agents."
     )
-    # Quotas (docs/SECURITY.md "Children, approvals and quotas"). The defaults fit a 2-core machine; an
+    # Quotas (docs/SECURITY.md#children-approvals-and-quotas). The defaults fit a 2-core machine; an
     # admin raises them on the workspace's admin page.
     max_agents = models.PositiveIntegerField(
         "max live agents", default=32, validators=[MinValueValidator(1)],

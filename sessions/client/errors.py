@@ -63,7 +63,7 @@ class QuotaExceeded(AlineoError):
     """A workspace quota (``quota.agents``, ``quota.depth``, ``quota.limits``,
     ``quota.streams``): ``body`` names it (``quota``, ``limit``). A 429 (agents,
     streams) clears when an agent ends or a stream closes; an admin raises any
-    of them (docs/SECURITY.md "Children, approvals and quotas")."""
+    of them (docs/SECURITY.md#children-approvals-and-quotas)."""
 
 
 class ServerError(AlineoError):

@@ -1,4 +1,4 @@
-"""A child is never wider than its parent (docs/SECURITY.md "Children, approvals and quotas").
+"""A child is never wider than its parent (docs/SECURITY.md#children-approvals-and-quotas).
 
 Whoever asks for a child — a model through its ``spawn`` tool (the bridge's
 ``request.spawn``, sessions/worker/relay.py), or a user with ``"parent"`` in
@@ -63,7 +63,8 @@ def refuse_if_wider(parent_id: str, parent: dict, child: dict) -> None:
         raise CommandRefused(
             403, ESCALATION,
             f"A child may not be wider than its parent {parent_id}: spec.{field} {why}. "
-            "Ask for no more than the parent has (docs/SECURITY.md "Children, approvals and quotas").", field=field)
+            "Ask for no more than the parent has "
+            "(docs/SECURITY.md#children-approvals-and-quotas).", field=field)
 
 
 def widening(parent: dict, child: dict) -> tuple[str, str] | None:

@@ -1,4 +1,4 @@
-"""The workspace quotas a spawn must fit (docs/SECURITY.md "Children, approvals and quotas"): live
+"""The workspace quotas a spawn must fit (docs/SECURITY.md#children-approvals-and-quotas): live
 agents, tree depth and the largest spec limits. Each refusal is a
 CommandRefused with a ``quota.*`` code, the quota's field name and how to
 raise it; the spawn's transaction then writes nothing.

@@ -3,7 +3,7 @@
 The findings were: no cap on agents, tree depth or concurrent sandboxes per
 workspace; spec limits of 1 TiB / 1024 CPUs accepted; one prompt of nested
 `spawn:` lines made 24 sandboxes; no per-user cap on open streams. Now each
-is a Workspace quota (docs/SECURITY.md "Children, approvals and quotas"):
+is a Workspace quota (docs/SECURITY.md#children-approvals-and-quotas):
 
     quota.agents   429  live agents          at spawn (sessions/commands/quotas.py)
     quota.depth    409  tree depth           at spawn

@@ -44,7 +44,7 @@ def docker_base_image():
 
 
 @pytest.fixture(scope="session")
-def _docker_cleanup():
+def docker_cleanup():
     yield
     if not docker_engine_answers():
         return
@@ -99,7 +99,7 @@ class Sandboxes:
 def _sandboxes(request, kind: str):
     if kind == "docker":
         image = request.getfixturevalue("docker_base_image")
-        request.getfixturevalue("_docker_cleanup")
+        request.getfixturevalue("docker_cleanup")
         from sandboxes.backends.docker import DockerBackend
 
         backend = DockerBackend()

@@ -1,4 +1,4 @@
-"""The admin's workspace page edits the quotas (docs/SECURITY.md "Children, approvals and quotas"): a
+"""The admin's workspace page edits the quotas (docs/SECURITY.md#children-approvals-and-quotas): a
 saved quota is what the next spawn is held to; a value out of bounds is
 refused with the field's message and changes nothing. The retention half of
 the same page: tests/unit/dashboard/test_admin_retention.py."""
