@@ -158,6 +158,14 @@ class CommandAdmin(ReadOnlyAdmin):
     list_filter = ["verb", "state"]
 
 
+def expired_q(now) -> Q:
+    """Checkpoints past their own date or past their workspace's policy."""
+    q = Q(expires_at__lte=now)
+    for ws_id, days in Workspace.objects.values_list("id", "checkpoint_max_age_days"):
+        q |= Q(agent__workspace_id=ws_id, created_at__lte=now - timedelta(days=days))
+    return q
+
+
 class ExpiredFilter(admin.SimpleListFilter):
     title = "expired"
     parameter_name = "expired"
@@ -166,7 +174,7 @@ class ExpiredFilter(admin.SimpleListFilter):
         return [("yes", "Expired or deleted"), ("no", "Live")]
 
     def queryset(self, request, queryset):
-        gone = Q(expires_at__lte=timezone.now()) | Q(deleted_at__isnull=False)
+        gone = expired_q(timezone.now()) | Q(deleted_at__isnull=False)
         if self.value() == "yes":
             return queryset.filter(gone)
         if self.value() == "no":
@@ -177,7 +185,8 @@ class ExpiredFilter(admin.SimpleListFilter):
 @admin.register(Checkpoint)
 class CheckpointAdmin(ReadOnlyAdmin):
     list_display = ["id", "agent", "workspace", "turn", "through_seq", "bytes", "created_at",
-                    "expires_at", "deleted_at"]
+                    "expires", "deleted_at"]
+    list_select_related = ["agent__workspace"]
     list_filter = [("agent__workspace", admin.RelatedOnlyFieldListFilter), ExpiredFilter, "agent"]
     search_fields = ["agent__id", "sandbox_id"]
     actions = ["expire_now", "delete_now"]
@@ -185,6 +194,11 @@ class CheckpointAdmin(ReadOnlyAdmin):
     @admin.display(description="Workspace")
     def workspace(self, obj):
         return obj.agent.workspace
+
+    @admin.display(description="Expires")
+    def expires(self, obj):
+        """Under the workspace's policy now: a shortened one expires it sooner."""
+        return obj.expires
 
     @admin.action(description="Expire now (the next sweep deletes them)")
     def expire_now(self, request, queryset):

@@ -263,6 +263,11 @@ class Checkpoint(models.Model):
         (a lengthened one never lengthens a checkpoint)."""
         return min(self.expires_at, self.created_at + timedelta(days=max_age_days))
 
+    @property
+    def expires(self):
+        """When it expires under its workspace's policy now (what the API says)."""
+        return self.expires_under(self.agent.workspace.checkpoint_max_age_days)
+
 
 class Snapshot(models.Model):
     """The replayed state of an agent through `through_seq`, in format `version`.

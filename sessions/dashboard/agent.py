@@ -27,7 +27,10 @@ def side_context(agent) -> dict:
         .order_by("-seq")
         .values_list("seq", "type", "data", "ts")[:HISTORY]
     )
-    checkpoints = list(agent.checkpoints.filter(deleted_at=None).order_by("-created_at")[:HISTORY])
+    now = timezone.now()
+    days = agent.workspace.checkpoint_max_age_days
+    checkpoints = [c for c in agent.checkpoints.filter(deleted_at=None).order_by("-created_at")
+                   [:HISTORY] if c.expires_under(days) > now]  # what a restore could still use
     return {
         "restores": [{"seq": s, "type": t, "data": d, "ts": ts} for s, t, d, ts in restores],
         "checkpoints": checkpoints,

@@ -101,7 +101,9 @@ class AgentDriver:
         self.paused = False
         self._verbs = {
             "prompt": self._prompt, "steer": self._steer, "interrupt": self._interrupt,
-            "pause": self._pause, "resume": self._pause, "spawn": self._done,
+            "pause": self._pause, "resume": self._pause,
+            # The new agent's own command: provisioning it (a fork's from its origin) was the act.
+            "spawn": self._done, "fork": self._done,
         }
 
     def kick(self) -> None:

@@ -89,3 +89,22 @@ def test_the_head_names_the_worker_driving_the_agent_and_the_engine(logged_in, m
     lease.expires_at = now - timedelta(seconds=1)  # an expired lease drives nothing
     lease.save()
     assert "driven by" not in logged_in.get(f"/agents/{agent.id}/").content.decode()
+
+
+def test_side_panel_expiry_follows_a_shortened_policy(logged_in, make_agent):
+    """The policy was shortened to 7 days after a checkpoint was taken with 30:
+    the panel says what the API says (in 6 d), and one past the new policy is
+    not offered as live at all."""
+    agent = make_agent(facts=[("agent.spawned", {"spec": {"model": "demo"}})])
+    now = timezone.now()
+    fresh = Checkpoint.objects.create(agent=agent, sandbox_id="sb-1", turn=4, through_seq=1,
+                                      bytes=1000, expires_at=now + timezone.timedelta(days=30))
+    Checkpoint.objects.filter(pk=fresh.pk).update(created_at=now - timezone.timedelta(days=1))
+    old = Checkpoint.objects.create(agent=agent, sandbox_id="sb-1", turn=2, through_seq=1,
+                                    bytes=1000, expires_at=now + timezone.timedelta(days=20))
+    Checkpoint.objects.filter(pk=old.pk).update(created_at=now - timezone.timedelta(days=10))
+    agent.workspace.checkpoint_max_age_days = 7
+    agent.workspace.save()
+    html = logged_in.get(f"/agents/{agent.id}/").content.decode()
+    assert "<td>4</td>" in html and "in 5 d" in html and "in 29 d" not in html
+    assert "<td>2</td>" not in html  # past the new policy: no longer a checkpoint to count on
