@@ -9,7 +9,8 @@ verbs, so everything above them (checkpoints, the restore ladder, the worker)
 is written once:
 
     create(agent_id, image, *, run_dir, limits, network, env, labels) -> sandbox id
-    start(id) · status(id) -> SandboxStatus · exec(id, argv, *, env, timeout) -> ExecResult
+    start(id) · status(id) -> SandboxStatus · exec(id, argv, *, env, timeout, on_output)
+        -> ExecResult
     read_home(id) -> iterator of tar bytes · write_home(id, tar bytes iterator)
     commit(id, tag) -> snapshot ref · stop(id) · remove(id) · home(id) -> path
 
@@ -25,7 +26,7 @@ import enum
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from sandboxes.errors import ImageMissing, SandboxError
 
@@ -57,6 +58,23 @@ LABEL_AGENT = "alineo.agent"
 CONTAINER_RUN_DIR = "/run/alineo"
 
 NETWORKS = ("none", "host")
+
+#: exec(…, on_output=): called with ("stdout" | "stderr", chunk) as output arrives.
+OnOutput = Callable[[str, bytes], None]
+
+
+def collect_output(frames: Iterable[tuple[bytes | None, bytes | None]],
+                   on_output: OnOutput) -> tuple[bytes, bytes]:
+    """Join demultiplexed (stdout, stderr) frames, handing each to ``on_output``."""
+    out, err = [], []
+    for o, e in frames:
+        if o:
+            out.append(o)
+            on_output("stdout", o)
+        if e:
+            err.append(e)
+            on_output("stderr", e)
+    return b"".join(out), b"".join(err)
 
 
 def home_tar_argv(home: str) -> list[str]:
@@ -238,8 +256,10 @@ class SandboxBackend(abc.ABC):
         *,
         env: Mapping[str, str] | None = None,
         timeout: float | None = 60,
+        on_output: OnOutput | None = None,
     ) -> ExecResult:
         """Run a one-shot command in the running sandbox, cwd = home.
+        ``on_output`` (when given) gets the output as it arrives, as well.
         Raises SandboxNotRunning / SandboxNotFound; ExecTimeout on timeout."""
 
     @abc.abstractmethod

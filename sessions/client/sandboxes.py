@@ -14,8 +14,9 @@ outcome. Same error root, idempotency keys and retry rules as the agent client.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .agents import Alineo
 from .transport import Transport, quote_part, wait_command
@@ -23,6 +24,7 @@ from .turns import Event
 
 #: Extra wait for a command beyond the exec's own timeout (queueing, a slow engine).
 SLACK_S = 120.0
+POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -108,12 +110,19 @@ class Sandbox:
 
     # --- verbs ---------------------------------------------------------------------------------
     def exec(self, argv: list[str], *, cwd: str | None = None, timeout: int = 60,
-             key: str | None = None) -> ExecResult:
-        """Run ``argv`` (no shell, no environment) in the sandbox, cwd relative to its home."""
+             key: str | None = None,
+             on_output: Callable[[str, str], None] | None = None) -> ExecResult:
+        """Run ``argv`` (no shell, no environment) in the sandbox, cwd relative to
+        its home. ``on_output(stream, text)`` gets the output while it runs (the
+        journal's ``exec.output`` facts, the first 64 KiB a stream)."""
         body: dict[str, Any] = {"argv": list(argv), "timeout": timeout}
         if cwd is not None:
             body["cwd"] = cwd
-        r = self._run("exec", body, timeout + SLACK_S, key)
+        if on_output is None:
+            r = self._run("exec", body, timeout + SLACK_S, key)
+        else:
+            accepted = self._t.post(f"{self._path}/exec", body, key=key)
+            r = self._follow(accepted, timeout + SLACK_S, on_output)
         return ExecResult(int(r["exit_code"]), r.get("stdout", ""), r.get("stderr", ""),
                           int(r.get("duration_ms") or 0), r.get("truncated") or {})
 
@@ -140,6 +149,20 @@ class Sandbox:
                 yield ev
             if not page.get("has_more"):
                 return
+
+    def _follow(self, accepted: dict, timeout: float, on_output) -> dict:
+        """Wait for an exec, handing its journaled output to ``on_output`` as it comes."""
+        cid, cursor = accepted.get("command"), int(accepted.get("seq") or 0)
+        deadline = time.monotonic() + timeout
+        while True:
+            cmd = self._t.get(f"/api/commands/{quote_part(cid)}")
+            for ev in self.events(cursor):
+                cursor = ev.seq
+                if ev.type == "exec.output" and ev.data.get("command") == cid:
+                    on_output(str(ev.data.get("stream")), str(ev.data.get("text")))
+            if cmd.get("state") != "pending" or time.monotonic() >= deadline:
+                return wait_command(self._t, accepted, 0)
+            time.sleep(POLL_S)
 
     def _run(self, verb: str, body: dict, timeout: float, key: str | None) -> dict:
         accepted = self._t.post(f"{self._path}/{verb}", body, key=key)

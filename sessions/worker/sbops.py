@@ -18,6 +18,7 @@ NUL-free, and cut to ``OUTPUT_MAX`` bytes a stream (the end is kept).
 
 from __future__ import annotations
 
+import codecs
 import logging
 import time
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ from sessions.models import (
 log = logging.getLogger(__name__)
 
 OUTPUT_MAX = 64 * 1024
+CHUNK_BYTES = 8 * 1024
+CHUNK_S = 0.5
 LABEL_SESSION = "alineo.sandbox_session"
 #: A cwd is entered by a shell that then execs argv, so argv is never a shell string.
 CWD_SHIM = 'cd -- "$1" || exit 127; shift; exec "$@"'
@@ -106,7 +109,11 @@ def _args_of(session_id: str, cmd: Command) -> dict:
 
 
 def _new_sandbox(session: SandboxSession, image: str | None, cmd: Command, holder: str) -> str:
+    """A sandbox for the session, after removing any it left behind (a crash
+    between create and its journaled ``session.sandbox``): found by label."""
     backend = get_backend()
+    for orphan in backend.list(labels={LABEL_SESSION: session.pk}):
+        _remove_quietly(orphan.id)
     spec = session.spec
     if image is None:
         image = ensure_setup_image(backend, spec, labels=config.extra_labels())
@@ -233,8 +240,10 @@ def do_exec(session, cmd, args, holder) -> Ending:
         return refused
     sbjournal.append(session.pk, "exec.started", {**rec, "command": cmd.pk}, holder=holder)
     t0 = time.monotonic()
+    chunks = Chunks(session.pk, cmd.pk, holder)
     try:
-        res = get_backend().exec(session.sandbox_id, wrapped(argv, cwd), timeout=timeout)
+        res = get_backend().exec(session.sandbox_id, wrapped(argv, cwd), timeout=timeout,
+                                 on_output=chunks.add)
     except ExecTimeout:
         return failed("exec.timeout", f"The exec ran past its timeout of {timeout} s; it is not "
                       "replayed.", "exec.timed_out", **rec)
@@ -242,6 +251,7 @@ def do_exec(session, cmd, args, holder) -> Ending:
         ending = _lost(session, "gone")
         ending.changes = {"status": S.LOST, "status_reason": "sandbox gone"}
         return ending
+    chunks.flush()
     stdout, out_cut = text_of(res.stdout)
     stderr, err_cut = text_of(res.stderr)
     ms = int((time.monotonic() - t0) * 1000)
@@ -249,6 +259,40 @@ def do_exec(session, cmd, args, holder) -> Ending:
                "stdout": stdout, "stderr": stderr,
                "truncated": {"stdout": out_cut, "stderr": err_cut}}
     return Ending(CommandState.DONE, outcome, "exec.finished", outcome)
+
+
+class Chunks:
+    """Output journaled while an exec runs (``exec.output {command, stream,
+    text}``), coalesced: output arriving CHUNK_S after the last fact goes out at
+    once, a burst within CHUNK_S waits for CHUNK_BYTES or its next output (or
+    the end). The first OUTPUT_MAX bytes a stream; exec.finished keeps the last."""
+
+    def __init__(self, session_id: str, command_id: int, holder: str):
+        self.session_id, self.command_id, self.holder = session_id, command_id, holder
+        self.decoders = {s: codecs.getincrementaldecoder("utf-8")("replace")
+                         for s in ("stdout", "stderr")}
+        self.pending = {"stdout": "", "stderr": ""}
+        self.taken = {"stdout": 0, "stderr": 0}
+        self.last = time.monotonic() - CHUNK_S  # the first output goes out at once
+
+    def add(self, stream: str, chunk: bytes) -> None:
+        room = OUTPUT_MAX - self.taken[stream]
+        if room <= 0:
+            return
+        self.taken[stream] += min(room, len(chunk))
+        self.pending[stream] += self.decoders[stream].decode(chunk[:room])
+        size = sum(len(t) for t in self.pending.values())
+        if size >= CHUNK_BYTES or time.monotonic() - self.last >= CHUNK_S:
+            self.flush()
+
+    def flush(self) -> None:
+        self.last = time.monotonic()
+        for stream, text in self.pending.items():
+            if text:
+                sbjournal.append(self.session_id, "exec.output", {
+                    "command": self.command_id, "stream": stream,
+                    "text": text.replace("\x00", "\ufffd")}, holder=self.holder)
+        self.pending = {"stdout": "", "stderr": ""}
 
 
 # --- checkpoint / remove --------------------------------------------------------------------

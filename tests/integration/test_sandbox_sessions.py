@@ -103,11 +103,11 @@ def test_a_replay_that_diverges_is_reported(world, session):
 def test_kill_9_of_the_control_plane_mid_exec(world, session):
     w, sb = world, session
     r = w.post(f"/api/sandboxes/{sb}/exec",
-               {"argv": ["sh", "-c", "echo x >> runs; sleep 6; echo done > late"]})
+               {"argv": ["sh", "-c", "echo x >> runs; echo running; sleep 6; echo done > late"]})
     assert r.status_code == 202
     cid = r.json()["command"]
     deadline = time.monotonic() + WAIT
-    while "exec.started" not in types(w, sb):
+    while "exec.output" not in types(w, sb):  # its output is journaled: it runs now
         assert time.monotonic() < deadline, "the exec never started"
         time.sleep(0.1)
     w.server.kill()  # SIGKILL: no shutdown code runs
@@ -131,6 +131,13 @@ def test_the_client_round_trip(world):
     try:
         assert sb.status == "ready" and sb.sandbox_id
         assert sb.exec(["sh", "-c", "echo 1 > one"]).ok
+        seen: list[tuple[str, str, float]] = []
+        got = sb.exec(["sh", "-c", "echo early; sleep 3; echo late"],
+                      on_output=lambda s, t: seen.append((s, t, time.monotonic())))
+        assert got.stdout == "early\nlate\n"
+        assert "".join(t for _s, t, _at in seen) == "early\nlate\n"
+        # "early" was handed over while the exec still ran: before "late", not with it.
+        assert seen[0][1] == "early\n" and len(seen) == 2
         sb.checkpoint("one")
         assert sb.exec(["mkdir", "-p", "d"]).ok
         assert sb.exec(["sh", "-c", "pwd > here"], cwd="d").ok

@@ -104,3 +104,24 @@ def test_snapshots_events_and_remove(srv):
     assert sb.snapshots() == [{"name": "deps"}]
     assert [e.type for e in sb.events()] == ["session.created"]
     sb.remove()
+
+
+def test_exec_hands_over_output_while_it_runs(srv):
+    srv.on("GET", "/api/sandboxes/sb_1", (200, SB))
+    srv.on("POST", "/api/sandboxes/sb_1/exec", (202, {"command": 7, "verb": "exec", "seq": 4}))
+    srv.on("GET", "/api/commands/7", (200, {"id": 7, "state": "pending", "result": {}}),
+           done({"exit_code": 0, "stdout": "a\nb\n", "stderr": "", "duration_ms": 1}))
+    out = {"events": [{"seq": 5, "type": "exec.output", "ts": "t",
+                       "data": {"command": 7, "stream": "stdout", "text": "a\n"}},
+                      {"seq": 6, "type": "exec.output", "ts": "t",
+                       "data": {"command": 6, "stream": "stdout", "text": "other"}}],
+           "has_more": False}
+    more = {"events": [{"seq": 7, "type": "exec.output", "ts": "t",
+                        "data": {"command": 7, "stream": "stdout", "text": "b\n"}}],
+            "has_more": False}
+    srv.on("GET", "/api/sandboxes/sb_1/events", (200, out), (200, more))
+    seen = []
+    r = c.Sandbox.attach("sb_1", **opts(srv)).exec(["x"], on_output=lambda s, t: seen.append(t))
+    assert seen == ["a\n", "b\n"] and r.stdout == "a\nb\n"
+    afters = [q["path"] for q in srv.requests if q["path"].startswith("/api/sandboxes/sb_1/events")]
+    assert "after=4" in afters[0] and "after=6" in afters[1]

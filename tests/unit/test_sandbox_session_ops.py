@@ -69,7 +69,19 @@ def test_exec_returns_output_exit_code_and_duration(owner, session, backend):
     r = cmd.result
     assert (r["exit_code"], r["stdout"], r["stderr"]) == (3, "out\n", "err\n")
     assert r["duration_ms"] >= 0 and r["truncated"] == {"stdout": 0, "stderr": 0}
-    assert types(session)[-3:] == ["command.exec", "exec.started", "exec.finished"]
+    assert types(session)[-5:] == ["command.exec", "exec.started", "exec.output", "exec.output",
+                                   "exec.finished"]
+
+
+def test_output_is_journaled_while_the_exec_runs(owner, session):
+    cmd = sh(owner, session, "echo first; sleep 1.2; echo second; echo oops >&2")
+    rows = list(SandboxSessionEvent.objects.filter(session_id=session, type="exec.output")
+                .order_by("seq"))
+    assert [(r.data["stream"], r.data["text"]) for r in rows][:1] == [("stdout", "first\n")]
+    assert "".join(r.data["text"] for r in rows if r.data["stream"] == "stdout") == (
+        "first\nsecond\n")
+    assert {r.data["command"] for r in rows} == {cmd.pk}
+    assert cmd.result["stdout"] == "first\nsecond\n"
 
 
 def test_exec_in_a_cwd(owner, session, backend):
@@ -82,6 +94,9 @@ def test_output_is_bounded_and_nul_free(owner, session):
     r = sh(owner, session, "head -c 70000 /dev/zero").result
     assert len(r["stdout"]) == sbops.OUTPUT_MAX and "\x00" not in r["stdout"]
     assert r["truncated"]["stdout"] == 70000 - sbops.OUTPUT_MAX
+    streamed = SandboxSessionEvent.objects.filter(session_id=session, type="exec.output")
+    assert sum(len(e.data["text"]) for e in streamed) == sbops.OUTPUT_MAX
+    assert all("\x00" not in e.data["text"] for e in streamed)
 
 
 def test_a_timed_out_exec_fails_and_is_not_replayed(owner, session):
@@ -179,3 +194,11 @@ def test_claim_refuses_a_live_holder(owner, session):
     assert not sbrunner.claim(session)
     SandboxSession.objects.filter(pk=session).update(lease_expires=timezone.now())
     assert sbrunner.claim(session)
+
+
+def test_a_sandbox_left_behind_by_a_crash_is_removed_at_resume(owner, session, backend):
+    orphan = backend.create(session, "default", labels={sbops.LABEL_SESSION: session})
+    current = SandboxSession.objects.get(pk=session).sandbox_id
+    new = send(owner, session, "resume").result["sandbox_id"]
+    assert {h.id for h in backend.list()} == {new}
+    assert orphan != new != current
