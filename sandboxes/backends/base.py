@@ -60,21 +60,41 @@ CONTAINER_RUN_DIR = "/run/alineo"
 NETWORKS = ("none", "host")
 
 #: exec(…, on_output=): called with ("stdout" | "stderr", chunk) as output arrives.
+#: Such an exec's ExecResult keeps only the last TAIL_KEEP bytes a stream, so a
+#: command printing without end cannot fill the control plane's memory.
 OnOutput = Callable[[str, bytes], None]
+TAIL_KEEP = 1024 * 1024
+
+
+class Tail:
+    """The last TAIL_KEEP bytes of a stream of chunks."""
+
+    def __init__(self):
+        self.chunks: list[bytes] = []
+        self.size = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+        while len(self.chunks) > 1 and self.size - len(self.chunks[0]) >= TAIL_KEEP:
+            self.size -= len(self.chunks.pop(0))
+
+    def value(self) -> bytes:
+        return b"".join(self.chunks)[-TAIL_KEEP:]
 
 
 def collect_output(frames: Iterable[tuple[bytes | None, bytes | None]],
                    on_output: OnOutput) -> tuple[bytes, bytes]:
-    """Join demultiplexed (stdout, stderr) frames, handing each to ``on_output``."""
-    out, err = [], []
+    """Demultiplexed (stdout, stderr) frames, each handed to ``on_output``; the tails."""
+    out, err = Tail(), Tail()
     for o, e in frames:
         if o:
-            out.append(o)
+            out.add(o)
             on_output("stdout", o)
         if e:
-            err.append(e)
+            err.add(e)
             on_output("stderr", e)
-    return b"".join(out), b"".join(err)
+    return out.value(), err.value()
 
 
 def home_tar_argv(home: str) -> list[str]:

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
+from sandboxes.backends.base import Tail
+
 
 def proc_stat(pid: int) -> tuple[str | None, int | None]:
     """(state letter, start time in clock ticks) of a pid; (None, None) if gone."""
@@ -137,12 +139,13 @@ def chown_tree(path: Path, uid: int, gid: int) -> None:
 def communicate(proc: subprocess.Popen, timeout: float | None,
                 on_output: Callable[[str, bytes], None] | None = None) -> tuple[bytes, bytes]:
     """``proc.communicate(timeout=…)`` that also hands each chunk of output to
-    ``on_output("stdout" | "stderr", chunk)`` as it arrives (in this thread).
-    Raises subprocess.TimeoutExpired like communicate."""
+    ``on_output("stdout" | "stderr", chunk)`` as it arrives (in this thread),
+    and then keeps only the last base.TAIL_KEEP bytes a stream. Raises
+    subprocess.TimeoutExpired like communicate."""
     if on_output is None:
         return proc.communicate(timeout=timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
-    kept: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+    kept = {"stdout": Tail(), "stderr": Tail()}
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
         sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
@@ -155,8 +158,8 @@ def communicate(proc: subprocess.Popen, timeout: float | None,
                 if not chunk:
                     sel.unregister(key.fileobj)
                     continue
-                kept[key.data].append(chunk)
+                kept[key.data].add(chunk)
                 on_output(key.data, chunk)
     left = None if deadline is None else max(0.0, deadline - time.monotonic())
     proc.wait(timeout=left)
-    return b"".join(kept["stdout"]), b"".join(kept["stderr"])
+    return kept["stdout"].value(), kept["stderr"].value()

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from sandboxes.backends import procs
-from sandboxes.backends.base import collect_output
+from sandboxes.backends.base import TAIL_KEEP, Tail, collect_output
 
 
 def popen(code: str):
@@ -45,3 +45,19 @@ def test_collect_output_demuxes_docker_frames():
                               lambda s, b: seen.append((s, b)))
     assert (out, err) == (b"ab", b"ef")
     assert seen == [("stdout", b"a"), ("stderr", b"e"), ("stdout", b"b"), ("stderr", b"f")]
+
+
+def test_an_exec_printing_without_end_keeps_only_its_tail():
+    proc = popen("import sys\nfor i in range(40):\n    sys.stdout.write(str(i % 10) * 100000)\n"
+                 "sys.stdout.write('END')")
+    seen = [0]
+    out, _err = procs.communicate(proc, 60, lambda s, b: seen.__setitem__(0, seen[0] + len(b)))
+    assert seen[0] == 4_000_003  # every byte handed over …
+    assert len(out) == TAIL_KEEP and out.endswith(b"END")  # … only the tail kept
+
+
+def test_tail_keeps_the_last_bytes():
+    tail = Tail()
+    for i in range(30):
+        tail.add(bytes([65 + i % 26]) * 100_000)
+    assert len(tail.value()) == TAIL_KEEP and tail.value().endswith(b"D" * 100_000)
