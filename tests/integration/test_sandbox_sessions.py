@@ -153,3 +153,20 @@ def test_the_client_round_trip(world):
     finally:
         sb.remove()
     assert sb.status == "removed"
+
+
+def test_a_session_from_a_specs_setup_snapshot(world):
+    w = world
+    spec = {"setup": ['echo from-setup > "$HOME/setup.txt"']}
+    r = w.post("/api/sandboxes", {"spec": spec})
+    assert r.status_code == 201, r.text
+    sb = r.json()["id"]
+    try:
+        created = command(w, r.json()["command"], timeout=WAIT * 2)
+        assert created["state"] == "done", created
+        image = [e for e in w.get(f"/api/sandboxes/{sb}/events")["events"]
+                 if e["type"] == "session.sandbox"][0]["data"]["image"]
+        assert "setup" in image  # the spec's setup snapshot, not the base image
+        assert sh(w, sb, "cat setup.txt")["result"]["stdout"] == "from-setup\n"
+    finally:
+        run(w, sb, "remove", {})
