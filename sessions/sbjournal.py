@@ -30,6 +30,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from sessions import wakeups
 from sessions.journal import Page
 from sessions.models import SandboxSession, SandboxSessionEvent
 
@@ -60,6 +61,8 @@ def append(session_id: str, etype: str, data: dict | None = None, *, holder: str
         SandboxSession.objects.filter(pk=session_id).update(last_seq=seq, **changes)
         SandboxSessionEvent.objects.create(session_id=session_id, seq=seq, type=etype,
                                            data=data or {}, ts=timezone.now())
+        # Open streams (sessions/api/stream.py SandboxSessionStream) re-read once committed.
+        transaction.on_commit(lambda: wakeups.notify([session_id]))
         return seq
 
 

@@ -170,3 +170,27 @@ def test_a_session_from_a_specs_setup_snapshot(world):
         assert sh(w, sb, "cat setup.txt")["result"]["stdout"] == "from-setup\n"
     finally:
         run(w, sb, "remove", {})
+
+
+def test_the_journal_streams_as_server_sent_events(world, session):
+    from tests.live import SSEStream
+
+    w, sb = world, session
+    head = w.get(f"/api/sandboxes/{sb}")["last_seq"]
+    with SSEStream(f"{w.url}/api/sandboxes/{sb}/stream?after={head}", headers=w.actor.auth,
+                   timeout=WAIT) as stream:
+        assert stream.status == 200
+        r = w.post(f"/api/sandboxes/{sb}/exec", {"argv": ["sh", "-c", "echo one; sleep 2; echo two"]})
+        assert r.status_code == 202
+        seen = []
+        while not seen or seen[-1].event != "exec.finished":
+            seen.append(stream.next_event(timeout=WAIT))
+    assert [int(e.id) for e in seen] == list(range(head + 1, head + 1 + len(seen)))
+    kinds = [e.event for e in seen]
+    assert kinds[:2] == ["command.exec", "exec.started"] and kinds.count("exec.output") == 2
+    assert [e.json()["data"]["text"] for e in seen if e.event == "exec.output"] == ["one\n", "two\n"]
+    stranger = w.server.create_actor("stranger-" + w.kind)
+    with SSEStream(f"{w.url}/api/sandboxes/{sb}/stream", headers=stranger.auth) as other:
+        assert other.status == 404 and b"sandbox.not_found" in other.body()
+    with SSEStream(f"{w.url}/api/sandboxes/{sb}/stream") as anonymous:
+        assert anonymous.status == 401
