@@ -16,16 +16,18 @@ from channels.routing import ChannelNameRouter, ProtocolTypeRouter, URLRouter  #
 from django.conf import settings  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from sessions.api.stream import TranscriptStream  # noqa: E402
+from sessions.api.stream import SandboxSessionStream, TranscriptStream  # noqa: E402
 from sessions.worker.consumer import WorkerConsumer  # noqa: E402
 
 STREAM_ROUTE = r"^api/agents/(?P<agent_id>[^/]+)/stream/?$"
+SANDBOX_STREAM_ROUTE = r"^api/sandboxes/(?P<agent_id>[^/]+)/stream/?$"
 
 application = ProtocolTypeRouter(
     {
         "http": URLRouter(
             [
                 re_path(STREAM_ROUTE, AuthMiddlewareStack(TranscriptStream.as_asgi())),
+                re_path(SANDBOX_STREAM_ROUTE, AuthMiddlewareStack(SandboxSessionStream.as_asgi())),
                 re_path(r"", django_asgi_app),
             ]
         ),

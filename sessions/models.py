@@ -200,6 +200,11 @@ class CommandVerb(models.TextChoices):
     REATTACH = "reattach"  # the client's reattach: the bridge must answer within 5 s
     REBRIDGE = "rebridge"  # the client's resume: restart the bridge on its session
     CHECKPOINT = "checkpoint"  # take a turn checkpoint now
+    SB_CREATE = "sb_create"  # sandbox sessions (sessions/commands/sandbox.py)
+    SB_EXEC = "sb_exec"
+    SB_CHECKPOINT = "sb_checkpoint"
+    SB_RESUME = "sb_resume"
+    SB_REMOVE = "sb_remove"
 
 
 class CommandState(models.TextChoices):
@@ -215,6 +220,8 @@ class Command(models.Model):
     workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="commands")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.PROTECT, related_name="commands")
+    sandbox_session = models.ForeignKey("SandboxSession", null=True, blank=True,
+                                        on_delete=models.PROTECT, related_name="commands")
     verb = models.CharField(max_length=16, choices=CommandVerb.choices)
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     request_hash = models.CharField(max_length=64)
@@ -353,3 +360,76 @@ class AgentLease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.agent_id} → {self.holder} (epoch {self.epoch})"
+
+
+# --- sandbox sessions (docs/API.md "Sandbox sessions") ---------------------------------------
+
+
+def new_sandbox_session_id() -> str:
+    return "sb_" + secrets.token_hex(8)
+
+
+class SandboxSessionStatus(models.TextChoices):
+    STARTING = "starting"  # created; the worker has not made its sandbox yet
+    READY = "ready"        # its sandbox runs: exec, checkpoint
+    LOST = "lost"          # its sandbox is gone (removed, reaped): resume it
+    FAILED = "failed"      # its sandbox could not be made; resume tries again
+    REMOVED = "removed"    # ended: sandbox and snapshots removed, the journal kept
+
+
+class SandboxSession(models.Model):
+    """A sandbox a script drives (create, exec, checkpoint, resume, remove).
+    Its journal is :class:`SandboxSessionEvent`; sessions/sbjournal.py writes it."""
+
+    id = models.CharField(primary_key=True, max_length=32, default=new_sandbox_session_id,
+                          editable=False)
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT,
+                                  related_name="sandbox_sessions")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    name = models.CharField(max_length=63, blank=True)
+    spec = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=SandboxSessionStatus.choices,
+                              default=SandboxSessionStatus.STARTING)
+    status_reason = models.TextField(blank=True)
+    sandbox_id = models.CharField(max_length=128, blank=True)
+    sandbox_host = models.CharField(max_length=255, blank=True)
+    # One of the workspace's max_sandboxes slots, taken at create and held until remove.
+    sandbox_slot = models.BooleanField(default=True)
+    last_seq = models.BigIntegerField(default=0)
+    # Which worker acts on its commands (one at a time; sessions/worker/sbrunner.py).
+    lease_holder = models.CharField(max_length=200, blank=True)
+    lease_expires = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+def session_slots_in_use(workspace_id: int) -> int:
+    """Sandbox slots the workspace's sandbox sessions hold (Workspace.max_sandboxes)."""
+    rows = SandboxSession.objects.filter(workspace_id=workspace_id, sandbox_slot=True).exclude(
+        status=SandboxSessionStatus.REMOVED)
+    return rows.count()
+
+
+class SandboxSessionEvent(models.Model):
+    """One fact of a sandbox session's journal: seq 1, 2, 3 … with no gaps."""
+
+    session = models.ForeignKey(SandboxSession, on_delete=models.CASCADE, related_name="events")
+    seq = models.BigIntegerField()
+    type = models.CharField(max_length=64)
+    data = models.JSONField(default=dict)
+    ts = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["session", "seq"],
+                                               name="sbevent_session_seq_unique")]
+        ordering = ["session", "seq"]
+
+    def as_dict(self) -> dict:
+        return {"seq": self.seq, "type": self.type, "ts": iso_ts(self.ts), "data": self.data}

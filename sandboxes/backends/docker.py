@@ -26,10 +26,12 @@ from sandboxes.backends.base import (
     LABEL_MANAGED,
     PLACEHOLDER_COMMAND,
     ExecResult,
+    OnOutput,
     Limits,
     SandboxBackend,
     SandboxHandle,
     SandboxStatus,
+    collect_output,
     home_tar_argv,
     validate_create_args,
 )
@@ -230,6 +232,7 @@ class DockerBackend(SandboxBackend):
         *,
         env: Mapping[str, str] | None = None,
         timeout: float | None = 60,
+        on_output: OnOutput | None = None,
     ) -> ExecResult:
         argv = [str(a) for a in argv]
         if not argv:
@@ -239,7 +242,8 @@ class DockerBackend(SandboxBackend):
             # coreutils `timeout` kills the command inside the sandbox, so it
             # does not keep running after we gave up on it.
             wrapped = ["timeout", "-k", "5", f"{float(timeout):g}", *argv]
-        short = timeout is not None and timeout + _EXEC_GRACE_S < self._api_timeout
+        short = (timeout is not None and timeout + _EXEC_GRACE_S < self._api_timeout
+                 and on_output is None)
         client = self.client if short else self.stream_client
         t0 = time.monotonic()
         with self._errors(sandbox_id):
@@ -247,7 +251,11 @@ class DockerBackend(SandboxBackend):
                 sandbox_id, wrapped, stdout=True, stderr=True, environment=dict(env or {}),
                 workdir=HOME,
             )["Id"]
-            out, err = client.api.exec_start(exec_id, demux=True)
+            if on_output is None:
+                out, err = client.api.exec_start(exec_id, demux=True)
+            else:
+                frames = client.api.exec_start(exec_id, demux=True, stream=True)
+                out, err = collect_output(frames, on_output)
             code = client.api.exec_inspect(exec_id)["ExitCode"]
         duration = time.monotonic() - t0
         result = ExecResult(int(code if code is not None else -1), out or b"", err or b"", duration)

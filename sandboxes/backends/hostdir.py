@@ -40,6 +40,7 @@ from sandboxes.backends.base import (
     LABEL_MANAGED,
     PLACEHOLDER_COMMAND,
     ExecResult,
+    OnOutput,
     Limits,
     SandboxBackend,
     SandboxHandle,
@@ -302,6 +303,7 @@ class HostDirBackend(SandboxBackend):
         *,
         env: Mapping[str, str] | None = None,
         timeout: float | None = 60,
+        on_output: OnOutput | None = None,
     ) -> ExecResult:
         argv = [str(a) for a in argv]
         if not argv:
@@ -316,7 +318,7 @@ class HostDirBackend(SandboxBackend):
         except OSError as exc:
             return ExecResult(126, b"", f"{argv[0]}: {exc}".encode(), time.monotonic() - t0)
         try:
-            out, err = proc.communicate(timeout=timeout)
+            out, err = procs.communicate(proc, timeout, on_output)
         except subprocess.TimeoutExpired:
             procs.killpg(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()

@@ -33,9 +33,9 @@ from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
 from django.db import DatabaseError
 
-from sessions import journal, wakeups
+from sessions import journal, sbjournal, wakeups
 from sessions.access import user_from_bearer, visible_agent
-from sessions.models import Workspace
+from sessions.models import SandboxSession, Workspace
 
 from .errors import ApiError, not_found
 
@@ -134,14 +134,20 @@ class Allowed:
         return (self.user_id, self.workspace_id)
 
 
-@database_sync_to_async
-def _authorize(authorization: str | None, session_user, agent_id: str) -> Allowed:
-    """Who asks for which agent's stream, or an ApiError (401 / 404)."""
+def _stream_user(authorization: str | None, session_user):
+    """The bearer token's user, else the session's; an ApiError 401 for neither."""
     user = user_from_bearer(authorization)
     if user is None and session_user is not None and session_user.is_authenticated:
         user = session_user
     if user is None:
         raise ApiError(401, "auth.required", "Send a bearer token or log in.")
+    return user
+
+
+@database_sync_to_async
+def _authorize(authorization: str | None, session_user, agent_id: str) -> Allowed:
+    """Who asks for which agent's stream, or an ApiError (401 / 404)."""
+    user = _stream_user(authorization, session_user)
     agent = visible_agent(user, agent_id)
     if agent is None:
         raise not_found("agent")
@@ -186,6 +192,14 @@ class TranscriptStream(AsyncHttpConsumer):
         finally:  # also when daphne cancels us at shutdown
             await self._cleanup()
 
+    # --- what is streamed (SandboxSessionStream streams another journal) ------------
+
+    async def authorize(self, authorization: str | None, session_user, target_id: str) -> Allowed:
+        return await _authorize(authorization, session_user, target_id)
+
+    async def read_page(self, after: int):
+        return await _read_page(self.agent_id, after)
+
     # --- opening -----------------------------------------------------------------
 
     async def http_request(self, message):
@@ -207,7 +221,7 @@ class TranscriptStream(AsyncHttpConsumer):
             raise ApiError(405, "method.not_allowed", "The stream answers GET only.")
         agent_id = self.scope["url_route"]["kwargs"]["agent_id"]
         user = self.scope.get("user")
-        allowed = await _authorize(_header(self.scope, b"authorization"), user, agent_id)
+        allowed = await self.authorize(_header(self.scope, b"authorization"), user, agent_id)
         self.agent_id = allowed.agent_id
         cursor = parse_cursor(_header(self.scope, b"last-event-id"), _query_after(self.scope))
         if not OPEN.take(allowed.key, allowed.cap):
@@ -264,7 +278,7 @@ class TranscriptStream(AsyncHttpConsumer):
 
     async def _drain(self) -> None:
         while not self.closed:
-            page = await _read_page(self.agent_id, self.cursor)
+            page = await self.read_page(self.cursor)
             if self.cursor > page.head:
                 await self.send_body(format_reset(page.head), more_body=True)
                 self.cursor = page.head
@@ -311,3 +325,31 @@ class TranscriptStream(AsyncHttpConsumer):
                 await self.channel_layer.group_discard(wakeups.group_name(self.agent_id), self.channel_name)
             except Exception:  # pragma: no cover - the layer expires it anyway
                 log.warning("stream %s: group_discard failed", self.agent_id, exc_info=True)
+
+
+@database_sync_to_async
+def _authorize_session(authorization: str | None, session_user, session_id: str) -> Allowed:
+    user = _stream_user(authorization, session_user)
+    row = (SandboxSession.objects.filter(pk=session_id[:32], workspace__members=user)
+           .values_list("workspace_id", "workspace__name", "workspace__max_streams_per_user")
+           .first())
+    if row is None:
+        raise not_found("sandbox")
+    return Allowed(session_id, user.pk, row[1], row[0], row[2])
+
+
+@database_sync_to_async
+def _read_session_page(session_id: str, after: int):
+    return sbjournal.page_after(session_id, after, PAGE)
+
+
+class SandboxSessionStream(TranscriptStream):
+    """GET /api/sandboxes/{id}/stream: a sandbox session's journal, the same way
+    (cursor, reset, heartbeats, the same open-streams quota). Woken by
+    sessions/sbjournal.py after each commit."""
+
+    async def authorize(self, authorization: str | None, session_user, target_id: str) -> Allowed:
+        return await _authorize_session(authorization, session_user, target_id)
+
+    async def read_page(self, after: int):
+        return await _read_session_page(self.agent_id, after)

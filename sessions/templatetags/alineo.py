@@ -27,6 +27,9 @@ STATUS = {
     "stopped": ("Stopped", "■"),
     "lost": ("Lost", "✕"),
     "unrecoverable": ("Unrecoverable", "⚠"),
+    "ready": ("Ready", "●"),  # sandbox sessions (sessions/dashboard/sandboxes.py)
+    "failed": ("Failed", "⚠"),
+    "removed": ("Removed", "■"),
 }
 
 LONG_CHARS = 600
