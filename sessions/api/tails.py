@@ -122,7 +122,9 @@ class Tail:
     async def start(self) -> None:
         try:
             layer = get_channel_layer()
-            self.channel = await layer.new_channel("tail.")
+            # The default prefix: channels_redis reads every process-local channel
+            # through one key per prefix, and only the default one is read for sure.
+            self.channel = await layer.new_channel()
             await layer.group_add(wakeups.group_name(self.agent_id), self.channel)
             wakeups.watch(self.agent_id)
             wakeups.ensure_started()
