@@ -116,6 +116,7 @@ class Tail:
         self.ready = asyncio.get_running_loop().create_future()
         self.tasks: list[asyncio.Task] = []
         self.flusher: asyncio.Task | None = None
+        self.starter: asyncio.Task | None = None
 
     # --- life -----------------------------------------------------------------------
 
@@ -271,7 +272,7 @@ class Tails:
         tail = self.by_agent.get(agent_id)
         if tail is None or tail.closed:
             tail = self.by_agent[agent_id] = Tail(agent_id)
-            asyncio.create_task(self._start(tail))
+            tail.starter = asyncio.create_task(self._start(tail))  # held: the loop keeps weak refs
         tail.holders += 1
         try:
             await asyncio.shield(tail.ready)

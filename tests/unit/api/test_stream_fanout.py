@@ -244,6 +244,7 @@ async def test_the_heartbeat_re_reads_once_per_agent_for_all_its_streams(
             assert b": ka\n\n" in client.body
         await asyncio.sleep(0.1)  # the read of the last beat is done
         reads, beats = event_reads["n"], tail.beats - beats
-        assert 1 <= reads <= beats, f"{reads} reads in {beats} heartbeats: one each, not one per stream"
+        # + 1: the read of a beat just before the count started may land inside it.
+        assert 1 <= reads <= beats + 1, f"{reads} reads in {beats} heartbeats: one each, not one per stream"
     finally:
         await closing(clients)
