@@ -344,6 +344,9 @@ ALINEO_PAGE_LIMIT_DEFAULT = 100
 ALINEO_PAGE_LIMIT_MAX = 1000
 ALINEO_MAX_TEXT = envint("ALINEO_MAX_TEXT", 100_000)
 ALINEO_SSE_HEARTBEAT_S = envfloat("ALINEO_SSE_HEARTBEAT_S", 20.0)
+# Bytes an SSE stream may have queued for a slow client before it stops waiting
+# for its agent's shared tail and reads on its own (sessions/api/tails.py).
+ALINEO_SSE_STREAM_BUFFER_KB = envint("ALINEO_SSE_STREAM_BUFFER_KB", 1024)
 ALINEO_DATA_VERSION_POLL_S = envfloat("ALINEO_DATA_VERSION_POLL_S", 0.25)
 ALINEO_CHECKPOINT_MAX_DAYS = 30
 ALINEO_WORKER_CHANNEL = "alineo-worker"
