@@ -355,6 +355,12 @@ ALINEO_IDLE_UNLOAD_S = envfloat("ALINEO_IDLE_UNLOAD_S", 1800.0)
 # A worker's lease on an agent lasts this long unless renewed (every quarter of
 # it); a dead worker's agents are taken over by another worker after it.
 ALINEO_LEASE_S = envfloat("ALINEO_LEASE_S", 20.0)
+# The model gateway (docs/GATEWAY.md): the largest request body a sandbox may
+# send it, in MiB (a long conversation with its tool outputs fits well under it).
+ALINEO_GATEWAY_MAX_BODY_MB = envint("ALINEO_GATEWAY_MAX_BODY_MB", 32)
+if not 1 <= ALINEO_GATEWAY_MAX_BODY_MB <= 1024:
+    raise ImproperlyConfigured(
+        f"ALINEO_GATEWAY_MAX_BODY_MB={ALINEO_GATEWAY_MAX_BODY_MB}: use 1 to 1024 (MiB)")
 # Scheduled backups (off unless ALINEO_BACKUP_DIR is set): a bundle when the
 # newest one there is older than ALINEO_BACKUP_EVERY_S, keeping the newest K.
 ALINEO_BACKUP_DIR = envstr("ALINEO_BACKUP_DIR", "")

@@ -116,6 +116,17 @@ def socket_path(agent_id: str) -> Path:
     return run_dir_for(agent_id) / "bridge.sock"
 
 
+#: Models the control plane's gateway answers (docs/GATEWAY.md); a bridge for
+#: one of them calls it through its forwarder on 127.0.0.1 and the run dir's
+#: gateway.sock. Real models still go from the bridge to their upstream.
+GATEWAY_MODELS = ("demo",)
+GATEWAY_SOCKET = "gateway.sock"
+
+
+def through_gateway(model: str | None) -> bool:
+    return (model or "demo") in GATEWAY_MODELS
+
+
 def prepare_run_dir(backend: SandboxBackend, launch: Launch, seed: dict | None) -> list[str]:
     """A new run dir with a copy of the bridge and its config (never a secret
     value: it lives on the host's disk); returns the bridge's command."""
@@ -128,6 +139,8 @@ def prepare_run_dir(backend: SandboxBackend, launch: Launch, seed: dict | None) 
                      "tools": spec.get("tools"), "hooks": spec.get("hooks") or {},
                      # Names only: the bridge redacts these values from what it writes.
                      "redact": [{"name": s.name, "env": s.env} for s in launch.secrets]}
+    if through_gateway(bridge_config["model"]):
+        bridge_config["gateway"] = {"port": 0}  # its own loopback; the port is in tools' env
     (run / "config.json").write_text(json.dumps(bridge_config, indent=1))
     sock = run / "bridge.sock"
     if len(str(sock).encode()) > MAX_SOCKET_PATH:

@@ -1,0 +1,127 @@
+"""The Anthropic Messages wire format: a request read into the neutral
+ModelRequest, a ModelReply written as a message or as its event stream."""
+
+from __future__ import annotations
+
+import json
+
+from . import fields
+from .errors import BadRequest, GatewayError
+from .messages import Api, Message, ModelReply, ModelRequest, Role, Stop, ToolCall, ToolSpec
+
+STOP = {Stop.END: "end_turn", Stop.TOOL_USE: "tool_use", Stop.MAX_TOKENS: "max_tokens"}
+
+
+def parse(body: dict) -> ModelRequest:
+    model = fields.name(body.get("model"), "model")
+    max_tokens = fields.count(body.get("max_tokens"), "max_tokens", optional=False)
+    messages: list[Message] = []
+    for i, m in enumerate(fields.items(body.get("messages"), "messages", fields.MAX_MESSAGES)):
+        m = fields.obj(m, f"messages[{i}]")
+        role = m.get("role")
+        if role not in ("user", "assistant"):
+            raise BadRequest(f"messages[{i}].role must be user or assistant")
+        messages += _message(role, m.get("content"), f"messages[{i}].content")
+    return ModelRequest(Api.ANTHROPIC, model, fields.blocks_text(body.get("system"), "system"),
+                        tuple(messages), _tools(body.get("tools")),
+                        stream=fields.flag(body.get("stream"), "stream"), max_tokens=max_tokens)
+
+
+def _message(role: str, content, where: str) -> list[Message]:
+    """One wire message: an assistant's text and tool uses; a user's tool
+    results (one neutral tool message each) and text, in their order."""
+    if isinstance(content, str):
+        return [Message(Role(role), content)]
+    texts, calls, out = [], [], []
+    for j, block in enumerate(fields.items(content, where, fields.MAX_MESSAGES)):
+        block = fields.obj(block, f"{where}[{j}]")
+        kind = block.get("type")
+        here = f"{where}[{j}]"
+        if kind == "text":
+            texts.append(fields.text(block.get("text"), f"{here}.text"))
+        elif kind == "tool_use" and role == "assistant":
+            calls.append(ToolCall(fields.text(block.get("id"), f"{here}.id", limit=fields.MAX_ID),
+                                  fields.name(block.get("name"), f"{here}.name"),
+                                  fields.obj(block.get("input"), f"{here}.input", optional=True)))
+        elif kind == "tool_result" and role == "user":
+            out.append(Message(Role.TOOL, fields.blocks_text(block.get("content"),
+                                                             f"{here}.content"),
+                               tool_call_id=fields.text(block.get("tool_use_id"),
+                                                        f"{here}.tool_use_id", limit=fields.MAX_ID),
+                               is_error=fields.flag(block.get("is_error"), f"{here}.is_error")))
+        # images, documents, thinking blocks: not read by the gateway's upstreams yet
+    if role == "assistant":
+        return [Message(Role.ASSISTANT, "".join(texts), tuple(calls))]
+    return out + ([Message(Role.USER, "".join(texts))] if texts else [])
+
+
+def _tools(raw) -> tuple[ToolSpec, ...]:
+    out = []
+    for i, t in enumerate(fields.items(raw, "tools", fields.MAX_TOOLS, optional=True)):
+        t = fields.obj(t, f"tools[{i}]")
+        out.append(ToolSpec(fields.name(t.get("name"), f"tools[{i}].name"),
+                            fields.text(t.get("description"), f"tools[{i}].description",
+                                        optional=True),
+                            fields.obj(t.get("input_schema"), f"tools[{i}].input_schema",
+                                       optional=True)))
+    return tuple(out)
+
+
+def usage(reply: ModelReply) -> dict:
+    u = reply.usage
+    return {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+            "cache_creation_input_tokens": u.cache_write_tokens,
+            "cache_read_input_tokens": u.cache_read_tokens}
+
+
+def _content(reply: ModelReply) -> list[dict]:
+    out = [{"type": "text", "text": reply.text}] if reply.text else []
+    return out + [{"type": "tool_use", "id": c.id, "name": c.name, "input": c.input}
+                  for c in reply.tool_calls]
+
+
+def message(reply: ModelReply, model: str, call_id: str) -> dict:
+    return {"id": f"msg_{call_id}", "type": "message", "role": "assistant", "model": model,
+            "content": _content(reply), "stop_reason": STOP[reply.stop], "stop_sequence": None,
+            "usage": usage(reply)}
+
+
+def stream_events(reply: ModelReply, model: str, call_id: str,
+                  pieces: list[str]) -> list[tuple[str, str]]:
+    """(event, data) pairs of the stream, message_stop last."""
+    start = message(reply, model, call_id)
+    start.update(content=[], stop_reason=None,
+                 usage={**usage(reply), "output_tokens": 0})
+    out = [("message_start", {"type": "message_start", "message": start})]
+    index = 0
+    if reply.text:
+        out += _block(index, {"type": "text", "text": ""},
+                      [{"type": "text_delta", "text": p} for p in pieces])
+        index += 1
+    for c in reply.tool_calls:
+        out += _block(index, {"type": "tool_use", "id": c.id, "name": c.name, "input": {}},
+                      [{"type": "input_json_delta", "partial_json": json.dumps(c.input)}])
+        index += 1
+    out.append(("message_delta", {"type": "message_delta",
+                                  "delta": {"stop_reason": STOP[reply.stop], "stop_sequence": None},
+                                  "usage": {"output_tokens": reply.usage.output_tokens}}))
+    out.append(("message_stop", {"type": "message_stop"}))
+    return [(event, json.dumps(data)) for event, data in out]
+
+
+def _block(index: int, start: dict, deltas: list[dict]) -> list[tuple[str, dict]]:
+    return ([("content_block_start", {"type": "content_block_start", "index": index,
+                                      "content_block": start})]
+            + [("content_block_delta", {"type": "content_block_delta", "index": index,
+                                        "delta": d}) for d in deltas]
+            + [("content_block_stop", {"type": "content_block_stop", "index": index})])
+
+
+ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "request_too_large",
+               429: "rate_limit_error", 502: "api_error", 504: "api_error"}
+
+
+def error(exc: GatewayError) -> dict:
+    return {"type": "error", "error": {"type": ERROR_TYPES.get(exc.status, "api_error"),
+                                       "message": exc.message}}
+

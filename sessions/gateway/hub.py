@@ -1,0 +1,50 @@
+"""The worker's side: one listener per driven agent, on ``gateway.sock`` in
+its run dir (beside ``bridge.sock``), opened while its driver serves it."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from django.conf import settings
+
+from sandboxes.launch import GATEWAY_SOCKET, through_gateway
+
+from .demo import DemoUpstream
+from .server import GatewayServer, Route, Upstream
+
+
+def upstream_for(model: str) -> Upstream:
+    if (model or "demo") == "demo":
+        return DemoUpstream()
+    raise ValueError(f"the gateway does not serve {model!r} yet")
+
+
+async def open_listener(agent_id: str, model: str, run_dir: Path) -> GatewayServer | None:
+    """The agent's listener, started; None when its model is not served here."""
+    if not through_gateway(model) or not run_dir.is_dir():
+        return None
+    upstream = upstream_for(model)
+    server = GatewayServer(Route(agent_id, upstream), run_dir / GATEWAY_SOCKET,
+                           max_body=settings.ALINEO_GATEWAY_MAX_BODY_MB << 20,
+                           mode=socket_mode(run_dir))
+    await server.start()
+    _own(server.socket_path, run_dir)
+    return server
+
+
+def socket_mode(run_dir: Path) -> int:
+    """Who must connect is the sandbox. A run dir others may write (1733: a
+    non-root control plane with a container whose root has no capabilities,
+    sandboxes/backends/docker.py) needs a 0666 socket; the 0700 data dir
+    around it keeps other users out. Otherwise 0600, owned like the run dir."""
+    return 0o666 if os.stat(run_dir).st_mode & stat.S_IWOTH else 0o600
+
+
+def _own(sock: Path, run_dir: Path) -> None:
+    """A run dir made over to the sandbox's uid (the local backend under a
+    root control plane) gets a socket of that uid too."""
+    st = os.stat(run_dir)
+    if os.geteuid() == 0 and st.st_uid != 0:
+        os.chown(sock, st.st_uid, st.st_gid)
