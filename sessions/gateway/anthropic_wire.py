@@ -7,7 +7,8 @@ import json
 
 from . import fields
 from .errors import BadRequest, GatewayError
-from .messages import Api, Message, ModelReply, ModelRequest, Role, Stop, ToolCall, ToolSpec
+from .messages import (Api, Message, ModelReply, ModelRequest, Role, Stop, ToolCall, ToolSpec,
+                       Usage)
 
 STOP = {Stop.END: "end_turn", Stop.TOOL_USE: "tool_use", Stop.MAX_TOKENS: "max_tokens"}
 
@@ -125,3 +126,57 @@ def error(exc: GatewayError) -> dict:
     return {"type": "error", "error": {"type": ERROR_TYPES.get(exc.status, "api_error"),
                                        "message": exc.message}}
 
+
+# --- the gateway as a client of Anthropic --------------------------------------------------
+
+def request_body(req: ModelRequest, model: str) -> dict:
+    """The neutral call as a (non-streaming) Messages request; consecutive
+    same-role messages are merged (tool results are user blocks)."""
+    turns: list[dict] = []
+    for m in req.messages:
+        role, blocks = _blocks(m)
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"] += blocks
+        elif blocks:
+            turns.append({"role": role, "content": blocks})
+    body: dict = {"model": model, "max_tokens": req.max_tokens or 4096, "messages": turns}
+    if req.system:
+        body["system"] = req.system
+    if req.tools:
+        body["tools"] = [{"name": t.name, "description": t.description,
+                          "input_schema": t.schema or {"type": "object"}} for t in req.tools]
+    return body
+
+
+def _blocks(m: Message) -> tuple[str, list[dict]]:
+    if m.role is Role.TOOL:
+        return "user", [{"type": "tool_result", "tool_use_id": m.tool_call_id,
+                         "content": m.text, "is_error": m.is_error}]
+    if m.role is Role.USER:
+        return "user", [{"type": "text", "text": m.text}] if m.text else []
+    return "assistant", ([{"type": "text", "text": m.text}] if m.text else []) + [
+        {"type": "tool_use", "id": c.id, "name": c.name, "input": c.input} for c in m.tool_calls]
+
+
+STOPS = {"end_turn": Stop.END, "stop_sequence": Stop.END, "tool_use": Stop.TOOL_USE,
+         "max_tokens": Stop.MAX_TOKENS}
+
+
+def parse_message(data: dict) -> ModelReply:
+    """An upstream's message; a shape it should not have is a GatewayError."""
+    try:
+        texts, calls = [], []
+        for block in data["content"]:
+            if block["type"] == "text":
+                texts.append(block["text"])
+            elif block["type"] == "tool_use":
+                calls.append(ToolCall(block["id"], block["name"], dict(block.get("input") or {})))
+        u = data.get("usage") or {}
+        usage_out = Usage(int(u.get("input_tokens") or 0), int(u.get("output_tokens") or 0),
+                          int(u.get("cache_read_input_tokens") or 0),
+                          int(u.get("cache_creation_input_tokens") or 0))
+        stop = STOPS.get(data.get("stop_reason"), Stop.TOOL_USE if calls else Stop.END)
+        return ModelReply("".join(texts), tuple(calls), stop, usage_out)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise GatewayError("the upstream's answer is not a message", status=502,
+                           code="upstream_error") from None

@@ -13,19 +13,28 @@ from sandboxes.launch import GATEWAY_SOCKET, through_gateway
 
 from .demo import DemoUpstream
 from .server import GatewayServer, Route, Upstream
+from .upstreams import ANTHROPIC_BASE, OPENAI_BASE, AnthropicUpstream, OpenAIUpstream, Target
 
 
-def upstream_for(model: str) -> Upstream:
-    if (model or "demo") == "demo":
-        return DemoUpstream()
-    raise ValueError(f"the gateway does not serve {model!r} yet")
+def upstream_for(model: str, values: dict[str, str]) -> Upstream:
+    """The spec's model, with the bound values (env name → value) the gateway
+    injects: the key, and the base URL of an OpenAI-compatible server."""
+    kind, _, name = (model or "demo").partition(":")
+    if kind == "openai" and name:
+        return OpenAIUpstream(Target(name, values.get("OPENAI_BASE_URL") or OPENAI_BASE,
+                                     values.get("OPENAI_API_KEY", "")))
+    if kind == "anthropic" and name:
+        return AnthropicUpstream(Target(name, values.get("ANTHROPIC_BASE_URL") or ANTHROPIC_BASE,
+                                        values.get("ANTHROPIC_API_KEY", "")))
+    return DemoUpstream()
 
 
-async def open_listener(agent_id: str, model: str, run_dir: Path) -> GatewayServer | None:
+async def open_listener(agent_id: str, model: str, run_dir: Path,
+                        values: dict[str, str] | None = None) -> GatewayServer | None:
     """The agent's listener, started; None when its model is not served here."""
     if not through_gateway(model) or not run_dir.is_dir():
         return None
-    upstream = upstream_for(model)
+    upstream = upstream_for(model, values or {})
     server = GatewayServer(Route(agent_id, upstream), run_dir / GATEWAY_SOCKET,
                            max_body=settings.ALINEO_GATEWAY_MAX_BODY_MB << 20,
                            mode=socket_mode(run_dir))

@@ -8,7 +8,8 @@ import time
 
 from . import fields
 from .errors import BadRequest, GatewayError
-from .messages import Api, Message, ModelReply, ModelRequest, Role, Stop, ToolCall, ToolSpec
+from .messages import (Api, Message, ModelReply, ModelRequest, Role, Stop, ToolCall, ToolSpec,
+                       Usage)
 
 FINISH = {Stop.END: "stop", Stop.TOOL_USE: "tool_calls", Stop.MAX_TOKENS: "length"}
 
@@ -89,9 +90,10 @@ def _wire_calls(reply: ModelReply) -> list[dict]:
 
 
 def usage(reply: ModelReply) -> dict:
-    u = reply.usage
-    return {"prompt_tokens": u.input_tokens, "completion_tokens": u.output_tokens,
-            "total_tokens": u.input_tokens + u.output_tokens,
+    u = reply.usage  # input_tokens counts the uncached part, as Anthropic's does
+    prompt = u.input_tokens + u.cache_read_tokens + u.cache_write_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": u.output_tokens,
+            "total_tokens": prompt + u.output_tokens,
             "prompt_tokens_details": {"cached_tokens": u.cache_read_tokens}}
 
 
@@ -136,3 +138,50 @@ def models(model_ids: list[str]) -> dict:
 def error(exc: GatewayError) -> dict:
     return {"error": {"message": exc.message, "type": exc.code, "param": None, "code": exc.code}}
 
+
+# --- the gateway as a client of an OpenAI-compatible upstream -------------------------------
+
+def request_body(req: ModelRequest, model: str) -> dict:
+    """The neutral call as a (non-streaming) chat completions request."""
+    messages: list[dict] = [{"role": "system", "content": req.system}] if req.system else []
+    for m in req.messages:
+        if m.role is Role.USER:
+            messages.append({"role": "user", "content": m.text})
+        elif m.role is Role.TOOL:
+            messages.append({"role": "tool", "tool_call_id": m.tool_call_id, "content": m.text})
+        else:
+            out: dict = {"role": "assistant", "content": m.text or None}
+            if m.tool_calls:
+                out["tool_calls"] = _wire_calls(ModelReply("", m.tool_calls))
+            messages.append(out)
+    body: dict = {"model": model, "messages": messages, "stream": False}
+    if req.tools:
+        body["tools"] = [{"type": "function", "function": {
+            "name": t.name, "description": t.description, "parameters": t.schema}}
+            for t in req.tools]
+    if req.max_tokens:
+        body["max_tokens"] = req.max_tokens
+    return body
+
+
+STOPS = {"stop": Stop.END, "tool_calls": Stop.TOOL_USE, "length": Stop.MAX_TOKENS}
+
+
+def parse_completion(data: dict) -> ModelReply:
+    """An upstream's completion; a shape it should not have is a GatewayError."""
+    try:
+        choice = data["choices"][0]
+        message = choice["message"]
+        calls = tuple(ToolCall(c["id"], c["function"]["name"],
+                               _arguments(c["function"].get("arguments") or ""))
+                      for c in message.get("tool_calls") or [])
+        usage_in = data.get("usage") or {}
+        cached = (usage_in.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        prompt = int(usage_in.get("prompt_tokens") or 0)
+        usage_out = Usage(prompt - int(cached), int(usage_in.get("completion_tokens") or 0),
+                          cache_read_tokens=int(cached))
+        stop = STOPS.get(choice.get("finish_reason"), Stop.TOOL_USE if calls else Stop.END)
+        return ModelReply(message.get("content") or "", calls, stop, usage_out)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+        raise GatewayError("the upstream's answer is not a chat completion", status=502,
+                           code="upstream_error") from None
