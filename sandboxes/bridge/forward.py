@@ -52,6 +52,8 @@ class Forwarder:
             if not self.slots.acquire(blocking=False):
                 client.close()
                 continue
+            # Streamed answers are many small writes: send each at once.
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:

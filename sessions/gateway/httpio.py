@@ -16,7 +16,7 @@ MAX_HEADERS = 100
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
            411: "Length Required", 413: "Payload Too Large", 429: "Too Many Requests",
            431: "Request Header Fields Too Large", 500: "Internal Server Error",
-           502: "Bad Gateway", 504: "Gateway Timeout"}
+           502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,12 @@ from pathlib import Path
 
 from django.conf import settings
 
-from sandboxes.launch import GATEWAY_SOCKET, through_gateway
+from sandboxes.launch import GATEWAY_SOCKET, Secret, through_gateway
+
+from sessions import leases
 
 from .demo import DemoUpstream
+from .journaled import CallJournal
 from .server import GatewayServer, Route, Upstream
 from .upstreams import ANTHROPIC_BASE, OPENAI_BASE, AnthropicUpstream, OpenAIUpstream, Target
 
@@ -30,12 +33,16 @@ def upstream_for(model: str, values: dict[str, str]) -> Upstream:
 
 
 async def open_listener(agent_id: str, model: str, run_dir: Path,
-                        values: dict[str, str] | None = None) -> GatewayServer | None:
-    """The agent's listener, started; None when its model is not served here."""
+                        secrets: tuple[Secret, ...] = (),
+                        lease: leases.Held | None = None) -> GatewayServer | None:
+    """The agent's listener, started, its calls journaled under the driver's
+    lease (its bound values redacted); None when its model is not served here."""
     if not through_gateway(model) or not run_dir.is_dir():
         return None
-    upstream = upstream_for(model, values or {})
-    server = GatewayServer(Route(agent_id, upstream), run_dir / GATEWAY_SOCKET,
+    values = {s.env: s.value for s in secrets}
+    route = Route(agent_id, upstream_for(model, values), CallJournal(agent_id, lease, secrets),
+                  settings.ALINEO_MODEL_PRICES)
+    server = GatewayServer(route, run_dir / GATEWAY_SOCKET,
                            max_body=settings.ALINEO_GATEWAY_MAX_BODY_MB << 20,
                            mode=socket_mode(run_dir))
     await server.start()

@@ -12,14 +12,16 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from . import anthropic_wire, httpio, openai_wire
+from .calls import CallRecord, CallStatus, cost_usd, reply_of, request_hash
 from .errors import BadRequest, GatewayError, NotFound, UpstreamError
-from .messages import Api, ModelReply, ModelRequest
+from .messages import Api, ModelReply, ModelRequest, Usage
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,20 @@ MAX_CONNECTIONS = 32
 #: Seconds a connection may sit between requests (or in one) before it is closed.
 IDLE_S = 600.0
 CHUNK = 16
+#: How often a held call looks whether its agent was resumed.
+HOLD_POLL_S = 0.5
+
+
+class Journal(Protocol):
+    """Where calls become facts (sessions/gateway/journaled.py CallJournal)."""
+
+    async def paused(self) -> bool: ...
+
+    async def completed(self, request_hash: str): ...
+
+    async def record(self, call: CallRecord) -> None: ...
+
+    async def replayed(self, request_hash: str, found, latency_ms: int) -> None: ...
 
 
 class Upstream(Protocol):
@@ -40,9 +56,12 @@ class Upstream(Protocol):
 
 @dataclass(frozen=True)
 class Route:
-    """Who calls through a socket and who answers."""
+    """Who calls through a socket, who answers, where calls are journaled
+    (None: not journaled, as in tests of the wire alone) and at what prices."""
     agent_id: str
     upstream: Upstream
+    journal: Journal | None = None
+    prices: dict | None = None
 
 
 class GatewayServer:
@@ -89,6 +108,8 @@ class GatewayServer:
                 pass
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
             pass
+        except asyncio.CancelledError:
+            pass  # close() ends our own connection tasks; end quietly, not "cancelled"
         finally:
             self.tasks.discard(task)
             with contextlib.suppress(Exception):
@@ -123,6 +144,29 @@ class GatewayServer:
         await _answer(writer, asked, reply, self.route.upstream.label, request.keep_alive)
 
     async def _call(self, asked: ModelRequest) -> ModelReply:
+        """The upstream's reply, journaled before the harness sees it; a repeat
+        of a completed call of this turn is answered from the journal."""
+        route = self.route
+        if route.journal is not None:
+            # A paused agent's next call waits here until resume: pause works
+            # at a step boundary whatever harness runs in the sandbox.
+            while await _journal_op(route.journal.paused()):
+                await asyncio.sleep(HOLD_POLL_S)
+        started, key = time.monotonic(), request_hash(asked)
+        if route.journal is not None:
+            found = await _journal_op(route.journal.completed(key))
+            if found is not None:
+                await _journal_op(route.journal.replayed(key, found, _ms(started)))
+                return reply_of(found.data)
+        try:
+            reply = await self._ask(asked)
+        except GatewayError as exc:
+            await self._record(asked, key, started, None, exc)
+            raise
+        await self._record(asked, key, started, reply, None)
+        return reply
+
+    async def _ask(self, asked: ModelRequest) -> ModelReply:
         try:
             return await self.route.upstream.complete(asked)
         except GatewayError:
@@ -132,6 +176,18 @@ class GatewayServer:
                           self.route.agent_id)
             raise UpstreamError(f"the upstream failed: {type(exc).__name__}") from None
 
+    async def _record(self, asked, key, started, reply, exc) -> None:
+        if self.route.journal is None:
+            return
+        label = self.route.upstream.label
+        usage = reply.usage if reply is not None else Usage()
+        call = CallRecord(label, asked.model, asked.api.value, key, _ms(started),
+                          CallStatus.OK if reply is not None else CallStatus.ERROR, usage,
+                          cost_usd(label, usage, self.route.prices or {}), reply,
+                          exc.message if exc is not None else "",
+                          exc.status if exc is not None else 0)
+        await _journal_op(self.route.journal.record(call))
+
     def _models(self, api: Api) -> dict:
         ids = self.route.upstream.model_ids()
         if api is Api.ANTHROPIC:
@@ -140,6 +196,21 @@ class GatewayServer:
                     "has_more": False, "first_id": ids[0] if ids else None,
                     "last_id": ids[-1] if ids else None}
         return openai_wire.models(ids)
+
+
+def _ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
+
+
+async def _journal_op(op):
+    """A journal that cannot write (a lost lease, a full disk) fails the call:
+    an answer the journal does not hold could be paid for twice."""
+    try:
+        return await op
+    except Exception as exc:
+        log.warning("the model call cannot be journaled: %s", exc)
+        raise GatewayError("the control plane cannot journal the call; retry later",
+                           status=503, code="journal_unavailable") from None
 
 
 def _api_of(request: httpio.Request) -> Api:

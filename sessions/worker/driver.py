@@ -210,7 +210,7 @@ class AgentDriver:
         # The agent's model gateway (docs/GATEWAY.md), on its run dir's socket.
         gateway = await open_listener(self.agent_id, info.spec.get("model"),
                                       launch.run_dir_for(self.agent_id),
-                                      {s.env: s.value for s in info.secrets})
+                                      info.secrets, self.lease)
         self.relay = Relay(self.agent_id, self.link, info.cursor, info.session,
                            secrets=info.secrets, after_turn=self._after_turn)
         relay_task = asyncio.create_task(self.relay.run(), name=f"relay-{self.agent_id}")
