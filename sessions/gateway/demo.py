@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
 
 from sandboxes.bridge import directives
 
@@ -68,10 +69,14 @@ def _latest(messages: tuple[Message, ...]) -> tuple[str, list[Message]]:
 
 def _plan(text: str, request: ModelRequest) -> ModelReply:
     planned = directives.plan(text)
-    step = 1 + sum(m.role is Role.ASSISTANT for m in request.messages)
+    # Ids unique for the agent's whole life, not derived from the conversation:
+    # a sandbox restored to an earlier checkpoint asks again from an earlier
+    # point, and a tool call id is its calls' idempotency key (a repeat of a
+    # completed call is answered from the journal, ids and all).
+    prefix = f"call_demo_{uuid.uuid4().hex[:12]}"
     calls, missing = [], []
     for d in planned.calls:
-        bound = _bind(d, request.tools, f"call_demo_{step}_{len(calls) + 1}")
+        bound = _bind(d, request.tools, f"{prefix}_{len(calls) + 1}")
         if bound is None:
             missing.append(d.name)
         else:

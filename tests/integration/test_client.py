@@ -221,7 +221,9 @@ def test_reattach_restores_a_removed_sandbox(local, kind):
 
 
 def test_a_cut_stream_still_gives_the_exact_reply(local):
-    proxy = CuttingProxy(local.server.port, cut_after=700)
+    # Each connection must carry at least one whole event, or the stream never
+    # moves on: a model.call fact (the gateway's, with its response) is ~1 KB.
+    proxy = CuttingProxy(local.server.port, cut_after=1600)
     try:
         agent = Alineo.start(DEMO, url=proxy.url, token=local.actor.token)
         prompt = ("say: one two three four five six seven eight nine ten eleven twelve\n"

@@ -88,3 +88,13 @@ def test_a_bad_request_is_a_400_in_openais_shape(serve):
 def test_an_unknown_endpoint_is_a_404(serve):
     with pytest.raises(openai.NotFoundError):
         openai_client(serve()).embeddings.create(model="demo", input="x")
+
+
+def test_demo_call_ids_are_never_reused(serve):
+    """A sandbox restored to an earlier checkpoint asks the same again: its
+    calls must not get ids its lost calls had (an id is an idempotency key)."""
+    client = openai_client(serve())
+    ids = [client.chat.completions.create(
+        model="demo", tools=[BASH], messages=[{"role": "user", "content": "run: ls"}]
+    ).choices[0].message.tool_calls[0].id for _ in range(2)]
+    assert ids[0] != ids[1] and all(i.startswith("call_demo_") for i in ids)
