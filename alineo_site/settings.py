@@ -7,6 +7,7 @@ alineo.E005 (sessions/checks.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from datetime import timedelta
@@ -54,6 +55,28 @@ def envfloat(name: str, default: float) -> float:
 
 def envstr(name: str, default: str = "") -> str:
     return _raw(name) or default
+
+
+def envprices(name: str) -> dict[str, dict[str, float]]:
+    """A price table: {model: {input|output|cache_read|cache_write: USD per 1M tokens}}."""
+    raw = _raw(name)
+    try:
+        table = json.loads(raw) if raw else {}
+        ok = isinstance(table, dict) and all(
+            isinstance(p, dict) and p and all(k in PRICE_KEYS and isinstance(v, (int, float))
+                                              and not isinstance(v, bool) and v >= 0
+                                              for k, v in p.items())
+            for p in table.values())
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ImproperlyConfigured(
+            f"{name}: use JSON like {{\"openai:gpt-4o-mini\": {{\"input\": 0.15, "
+            f"\"output\": 0.6}}}} (USD per million tokens; keys {', '.join(PRICE_KEYS)})")
+    return {model: {k: float(v) for k, v in p.items()} for model, p in table.items()}
+
+
+PRICE_KEYS = ("input", "output", "cache_read", "cache_write")
 
 
 def envchoice(name: str, default: str, choices: tuple[str, ...]) -> str:
@@ -358,6 +381,16 @@ ALINEO_IDLE_UNLOAD_S = envfloat("ALINEO_IDLE_UNLOAD_S", 1800.0)
 # A worker's lease on an agent lasts this long unless renewed (every quarter of
 # it); a dead worker's agents are taken over by another worker after it.
 ALINEO_LEASE_S = envfloat("ALINEO_LEASE_S", 20.0)
+# The model gateway (docs/GATEWAY.md): the largest request body a sandbox may
+# send it, in MiB (a long conversation with its tool outputs fits well under it).
+ALINEO_GATEWAY_MAX_BODY_MB = envint("ALINEO_GATEWAY_MAX_BODY_MB", 32)
+if not 1 <= ALINEO_GATEWAY_MAX_BODY_MB <= 1024:
+    raise ImproperlyConfigured(
+        f"ALINEO_GATEWAY_MAX_BODY_MB={ALINEO_GATEWAY_MAX_BODY_MB}: use 1 to 1024 (MiB)")
+# The price table for model.call costs: JSON, USD per million tokens per model
+# as the spec names it, e.g. {"openai:gpt-4o-mini": {"input": 0.15, "output": 0.6,
+# "cache_read": 0.075}}. A model without a price journals cost_usd null; the demo 0.
+ALINEO_MODEL_PRICES = envprices("ALINEO_MODEL_PRICES")
 # Scheduled backups (off unless ALINEO_BACKUP_DIR is set): a bundle when the
 # newest one there is older than ALINEO_BACKUP_EVERY_S, keeping the newest K.
 ALINEO_BACKUP_DIR = envstr("ALINEO_BACKUP_DIR", "")

@@ -47,11 +47,14 @@ class CheckpointUnusable(SandboxError):
 
 @dataclass(frozen=True)
 class Secret:
-    """A bound credential: reaches the sandbox only through its environment."""
+    """A bound credential: reaches the sandbox only through its environment
+    (``inject`` "env"), or never (``inject`` "gateway": the model gateway
+    adds it to the upstream request; docs/GATEWAY.md)."""
 
     name: str
     env: str
     value: str
+    inject: str = "env"
 
     def __repr__(self) -> str:  # never print a value by accident
         return f"Secret(name={self.name!r}, env={self.env!r}, value=<hidden>)"
@@ -118,6 +121,16 @@ def socket_path(agent_id: str) -> Path:
     return run_dir_for(agent_id) / "bridge.sock"
 
 
+#: Every model goes through the control plane's gateway (docs/GATEWAY.md): the
+#: bridge calls it through its forwarder on 127.0.0.1 and the run dir's socket.
+GATEWAY_SOCKET = "gateway.sock"
+
+
+def through_gateway(model: str | None) -> bool:
+    kind, _, name = (model or "demo").partition(":")
+    return kind == "demo" or (kind in ("openai", "anthropic") and bool(name))
+
+
 def prepare_run_dir(backend: SandboxBackend, launch: Launch, seed: dict | None) -> list[str]:
     """A new run dir with a copy of the bridge and its config (never a secret
     value: it lives on the host's disk); returns the bridge's command."""
@@ -130,6 +143,8 @@ def prepare_run_dir(backend: SandboxBackend, launch: Launch, seed: dict | None) 
                      "tools": spec.get("tools"), "hooks": spec.get("hooks") or {},
                      # Names only: the bridge redacts these values from what it writes.
                      "redact": [{"name": s.name, "env": s.env} for s in launch.secrets]}
+    if through_gateway(bridge_config["model"]):
+        bridge_config["gateway"] = {"port": 0}  # its own loopback; the port is in tools' env
     (run / "config.json").write_text(json.dumps(bridge_config, indent=1))
     sock = run / "bridge.sock"
     if len(str(sock).encode()) > MAX_SOCKET_PATH:
@@ -156,7 +171,7 @@ def create_sandbox(backend: SandboxBackend, launch: Launch, *, seed: dict | None
     command = prepare_run_dir(backend, launch, seed)
     inside = backend.run_dir_inside(run_dir_for(launch.agent_id))
     env = {"PYTHONPATH": inside, "PYTHONDONTWRITEBYTECODE": "1"}
-    env.update({secret.env: secret.value for secret in launch.secrets})
+    env.update({s.env: s.value for s in launch.secrets if s.inject == "env"})
     all_labels = {**config.extra_labels(), **(labels or {})}
     spec = launch.spec
     image = ensure_setup_image(backend, spec, labels=config.extra_labels())

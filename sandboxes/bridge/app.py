@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 from . import config as cfg
+from .forward import Forwarder
 from .hooks import Hooks
 from .ops import Ops
 from .redact import RedactingFilter, Redactor
@@ -32,7 +33,8 @@ def main(argv=None) -> int:
     _setup_logging(args.run_dir)
     try:
         config = cfg.load_config(args.run_dir, args.config)
-        provider = make_provider(config, os.environ)
+        environ = _environ(args.run_dir, config)
+        provider = make_provider(config, environ)
     except (ValueError, OSError) as exc:
         log.error("bad configuration: %s", exc)
         return EXIT_CONFIG
@@ -44,10 +46,24 @@ def main(argv=None) -> int:
     except SessionLocked as exc:
         log.error("%s: refusing to run the session twice", exc)
         return EXIT_LOCKED
-    return _serve(args, config, provider, file)
+    return _serve(args, config, provider, file, environ)
 
 
-def _serve(args, config: dict, provider, file: SessionFile) -> int:
+def _environ(run_dir: str, config: dict) -> dict:
+    """The environment of providers, tools and hooks. With a gateway, its
+    forwarder is started here and the model's base URLs point at it."""
+    environ = dict(os.environ)
+    gateway = config.get("gateway")
+    if gateway:
+        if not isinstance(gateway, dict) or not isinstance(gateway.get("port", 0), int):
+            raise ValueError("gateway must be {\"port\": <int>}")
+        forwarder = Forwarder(os.path.join(run_dir, "gateway.sock"), gateway.get("port", 0))
+        environ.update(cfg.gateway_env(forwarder.start().port))
+        log.info("model gateway on 127.0.0.1:%d", forwarder.port)
+    return environ
+
+
+def _serve(args, config: dict, provider, file: SessionFile, environ: dict) -> int:
     state = file.load()
     resumed = state is not None
     session = Session(file, state or new_state())
@@ -55,7 +71,7 @@ def _serve(args, config: dict, provider, file: SessionFile) -> int:
     if args.seed and resumed:
         log.info("ignoring --seed: %s already holds a session", file.path)
     requests = Requests()
-    runner = _make_runner(args, config, provider, session, requests)
+    runner = _make_runner(args, config, provider, session, requests, environ)
     runner.resume(resumed, "resume" if resumed or seed else "startup")
     if seed:
         runner.seed(*seed)
@@ -74,9 +90,9 @@ def _serve(args, config: dict, provider, file: SessionFile) -> int:
     return _shutdown(runner, server)
 
 
-def _make_runner(args, config, provider, session, requests) -> Runner:
+def _make_runner(args, config, provider, session, requests, environ: dict) -> Runner:
     secrets = cfg.secret_env_names(config)
-    tool_env = {k: v for k, v in os.environ.items() if k not in secrets}
+    tool_env = {k: v for k, v in environ.items() if k not in secrets}
     limits = config.get("limits") or {}
     names = ("bash_timeout", "bash_timeout_max", "request_timeout")
     tool_limits = ToolLimits(**{k: float(limits[k]) for k in names if k in limits})

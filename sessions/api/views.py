@@ -18,6 +18,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from .. import commands, journal
 from ..access import visible_agent
+from ..gateway.usage import agent_usage
 from ..models import Agent, AgentStatus, Checkpoint, Command, Event, iso_ts
 from .errors import ApiError, error_response, not_found
 from .handler import api_view, idempotency_key, json_body, outcome_response, query_int
@@ -117,7 +118,8 @@ def agent_detail(request, user, agent_id: str):
             turns=None,
         )
         return JsonResponse(body)
-    body.update(current_turn=state["current_turn"], turns=state["turns"])
+    body.update(current_turn=state["current_turn"], turns=state["turns"],
+                usage=agent_usage(agent.id))
     return JsonResponse(body)
 
 

@@ -170,6 +170,8 @@ _TITLES = {
     "command.steer": "Steer",
     "operator.note": "Note",
     "command.failed": "Command failed",
+    "model.call": "Model call",
+    "model.replayed": "Model call (from the journal)",
 }
 
 
@@ -212,6 +214,18 @@ def restore_sentence(data) -> str:
     return text + "."
 
 
+def _call_meta(data: dict) -> str:
+    """provider · tokens in/out · cost · latency of a ``model.call`` (docs/GATEWAY.md)."""
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    parts = [str(data.get("provider", "?")),
+             f"{usage.get('input_tokens', 0)} in / {usage.get('output_tokens', 0)} out tokens"]
+    cost = data.get("cost_usd")
+    if isinstance(cost, (int, float)) and not isinstance(cost, bool):
+        parts.append(f"${cost:.6f}")
+    parts.append(f"{data.get('latency_ms', '?')} ms")
+    return " · ".join(parts)
+
+
 @register.filter
 def event_view(event) -> dict:
     """How a transcript row is shown: a title, an optional text, optional raw blocks."""
@@ -248,6 +262,11 @@ def event_view(event) -> dict:
         view["meta"] = f"model {model}" + (" (demo model)" if model == "demo" else "") + (
             f" · by {data['by']}" if data.get("by") else "")
         view["blocks"] = [_block("spec", spec)]
+    elif etype == "model.call":
+        view["meta"] = _call_meta(data)
+        view["failed"] = data.get("status") == "error"
+        view["blocks"] = [_block("response" if "response" in data else "error",
+                                 data.get("response", data.get("error", {})))]
     elif etype == "command.failed":
         view["text"] = str(data.get("reason", ""))
         view["meta"] = " · ".join(str(data[k]) for k in ("verb", "code") if data.get(k))

@@ -44,6 +44,7 @@ from sandboxes.backends.base import SandboxStatus
 from sandboxes.bridge.protocol import BridgeState
 from sandboxes.bridge_client import BridgeError, BridgeRequestError, BridgeUnavailable
 from sessions import approvals, leases
+from sessions.gateway.hub import open_listener
 from sessions.models import ENDED, CommandState
 
 from . import checkpoints, ladder, operations, slots, store
@@ -208,6 +209,10 @@ class AgentDriver:
         """Relay and act on commands until stopped (True); raises when the
         bridge or the sandbox is lost."""
         info = self.info
+        # The agent's model gateway (docs/GATEWAY.md), on its run dir's socket.
+        gateway = await open_listener(self.agent_id, info.spec.get("model"),
+                                      launch.run_dir_for(self.agent_id),
+                                      info.secrets, self.lease)
         self.relay = Relay(self.agent_id, self.link, info.cursor, info.session,
                            secrets=info.secrets, after_turn=self._after_turn)
         relay_task = asyncio.create_task(self.relay.run(), name=f"relay-{self.agent_id}")
@@ -227,6 +232,8 @@ class AgentDriver:
             if not relay_task.done():
                 relay_task.cancel()
             await asyncio.gather(relay_task, return_exceptions=True)
+            if gateway is not None:
+                await gateway.close()
 
     async def _wait(self, relay_task: asyncio.Task) -> None:
         """Until a wake-up, the relay's end or the safety poll; raises when the

@@ -34,6 +34,21 @@ def openai_events(text_chunks=(), tool_calls=()) -> list[str]:
     return out
 
 
+def openai_completion(text_chunks=(), tool_calls=()) -> "Raw":
+    """The same answer as openai_events, as one (non-streaming) completion:
+    what the model gateway, which calls upstreams without streaming, reads."""
+    message = {"role": "assistant", "content": "".join(text_chunks) or None}
+    if tool_calls:
+        message["tool_calls"] = [{"id": call_id, "type": "function",
+                                  "function": {"name": name, "arguments": "".join(pieces)}}
+                                 for call_id, name, pieces in tool_calls]
+    return Raw(200, json.dumps({
+        "id": "chatcmpl-1", "object": "chat.completion", "model": "fake",
+        "choices": [{"index": 0, "message": message,
+                     "finish_reason": "tool_calls" if tool_calls else "stop"}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 5}}).encode())
+
+
 # --- Anthropic messages ---------------------------------------------------------------
 def anthropic_events(text_chunks=(), tool_uses=()) -> list[tuple[str, str]]:
     ev = [("message_start", {"type": "message_start", "message": {
