@@ -27,7 +27,15 @@ EXIT_CONFIG = 2
 EXIT_LOCKED = 3
 
 
+#: Stack per thread (the socket server's, the gateway forwarder's …). The
+#: default is RLIMIT_STACK, 8 MiB of address space each: under the local
+#: sandbox's RLIMIT_AS (its memory_mb) a few threads would use up a 64 MB
+#: agent before it ran a tool.
+THREAD_STACK = 1024 * 1024
+
+
 def main(argv=None) -> int:
+    threading.stack_size(THREAD_STACK)
     args = cfg.parse_args(argv)
     Path(args.run_dir).mkdir(parents=True, exist_ok=True)
     _setup_logging(args.run_dir)

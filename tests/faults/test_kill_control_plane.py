@@ -10,7 +10,7 @@ with the same Idempotency-Key, as a client would), and checks every invariant
 
 Seeded and reproducible in what it does (the moments depend on the machine):
 the seed comes from ALINEO_FAULT_SEED or is drawn, and is printed.
-ALINEO_FAULT_ITERATIONS overrides the local count (default 30; docker 5).
+ALINEO_FAULT_ITERATIONS overrides the local count (default 15; docker 5).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tests.faults import invariants
 from tests.faults.harness import DEMO, World, cleanup_sandboxes, excerpt, make_server
 
 SEED = int(os.environ.get("ALINEO_FAULT_SEED") or random.SystemRandom().randrange(1, 2**31))
-ITERATIONS = {"local": int(os.environ.get("ALINEO_FAULT_ITERATIONS") or 30),
+ITERATIONS = {"local": int(os.environ.get("ALINEO_FAULT_ITERATIONS") or 15),
               "docker": int(os.environ.get("ALINEO_FAULT_DOCKER_ITERATIONS") or 5)}
 MAX_CHILDREN = 3
 
