@@ -105,7 +105,7 @@ test: setup
 	  pass1 --ignore=tests/scaleout $(PYTEST_ARGS) || sqlite_status=$$?; \
 	else \
 	  pass1 tests/unit $(if $(filter-out 1,$(UNIT_JOBS)),-n $(UNIT_JOBS)) || sqlite_status=$$?; \
-	  pass1 --ignore=tests/scaleout --ignore=tests/unit || { s=$$?; [ "$$sqlite_status" != 0 ] || sqlite_status=$$s; }; \
+	  pass1 --ignore=tests/scaleout --ignore=tests/unit --durations=25 || { s=$$?; [ "$$sqlite_status" != 0 ] || sqlite_status=$$s; }; \
 	fi; \
 	pg_status=skipped; db_url=""; redis_url=""; \
 	if [ "$$want_pg" = 0 ]; then \
