@@ -35,9 +35,10 @@ import time
 import uuid
 from collections import Counter, defaultdict
 
+from tests.bseqs import FRESH_RUNGS, bseq_trouble
+
 SETTLE = ("turn.finished", "turn.interrupted")
 ENDED = ("stopped", "lost", "unrecoverable")
-FRESH_RUNGS = ("restore", "rebuild")
 WAIT_SETTLE = 60.0
 
 
@@ -197,26 +198,11 @@ def transcript(world, agent: str, events: list[dict]) -> list[str]:
         gaps = [(a, b) for a, b in zip([0, *seqs], seqs) if b != a + 1][:5]
         out.append(f"{agent}: seq is not contiguous 1..{len(seqs)}: jumps {gaps}")
 
-    # Bridge events: once per incarnation, consecutive within it.
-    last_bseq = None
+    # Bridge events: once per incarnation, consecutive within it (tests/bseqs.py).
+    out += [f"{agent}: {why}" for why in bseq_trouble(events)]
     for e in events:
-        t, d = e["type"], e["data"]
-        if t in ("bridge.session_changed", "bridge.cursor_reset") or (
-                t == "agent.restored" and d.get("rung") in FRESH_RUNGS):
-            last_bseq = None
-            continue
-        if t == "bridge.events_lost":
-            out.append(f"{agent}: bridge events were lost: seq {e['seq']} {d}")
-        if t in ("bridge.refused", "bridge.event_refused"):  # our own bridge is never refused
-            out.append(f"{agent}: a bridge event was refused: seq {e['seq']} {d}")
-        if "bseq" not in d:
-            continue
-        b = d["bseq"]
-        if last_bseq is not None and b != last_bseq + 1:
-            kind = "twice" if b <= last_bseq else "with a gap"
-            out.append(f"{agent}: bridge event bseq {b} journaled {kind} (after bseq {last_bseq}) "
-                       f"at seq {e['seq']} ({t})")
-        last_bseq = b
+        if e["type"] in ("bridge.refused", "bridge.event_refused"):  # our own bridge never is
+            out.append(f"{agent}: a bridge event was refused: seq {e['seq']} {e['data']}")
 
     # Command facts: once per Command id.
     per_command = Counter()

@@ -55,3 +55,25 @@ def test_a_fresh_sandbox_starts_a_new_bridge_incarnation_and_resets_files():
                                  _ev(0, "bridge.started", bseq=5)])
     assert invariants.transcript(None, "ag", restored) == []
     assert invariants.expected_files(restored) == {"a.txt": "A"}
+
+
+def test_bseq_counts_restart_only_where_the_transcript_says_so():
+    """tests/bseqs.py: a count starts again at session_changed (at 1), at
+    cursor_reset (at `to` + 1) and at a fresh sandbox; a gap anywhere else, a
+    repeat, or a `bridge.events_lost` is trouble."""
+    from tests.bseqs import bseq_trouble
+
+    reset = _renumber(GOOD + [_ev(0, "bridge.cursor_reset", to=3), _ev(0, "bridge.started", bseq=4)])
+    assert bseq_trouble(reset) == []
+    changed = _renumber(GOOD + [_ev(0, "bridge.session_changed", to="s2"),
+                                _ev(0, "bridge.started", bseq=1)])
+    assert bseq_trouble(changed) == []
+    wrong_start = _renumber(GOOD + [_ev(0, "bridge.session_changed", to="s2"),
+                                    _ev(0, "bridge.started", bseq=2)])
+    assert "with a gap" in " ".join(bseq_trouble(wrong_start))
+    lost = _renumber(GOOD + [_ev(0, "bridge.events_lost", after=5, through=7),
+                             _ev(0, "bridge.started", bseq=8)])
+    assert len(bseq_trouble(lost)) == 1 and "lost" in bseq_trouble(lost)[0]
+    assert bseq_trouble(lost, lost_ok=True) == []
+    skipped = _renumber(GOOD + [_ev(0, "bridge.started", bseq=7)])
+    assert "bseq 7 journaled with a gap" in " ".join(bseq_trouble(skipped))

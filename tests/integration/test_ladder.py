@@ -14,26 +14,21 @@ import signal
 
 import pytest
 
+from tests.bseqs import bseq_trouble
 from tests.integration.worlds import DEMO, World, count_of, events_of, remove_sandbox
 
 
 CHECKPOINTED = {"model": "demo", "checkpoint": True}
-SEGMENT_BREAKS = ("agent.restored", "bridge.cursor_reset", "bridge.session_changed")
 
 
 def assert_sound(events: list[dict]) -> None:
     """seq 1, 2, 3 … with no gap and no repeat; each bridge event (bseq) once
-    per bridge life: a restore or rebuild starts the bridge's numbering again
-    (a restored session file, or a new session), so bseqs are checked between
-    the facts that say so."""
+    per bridge life and with no gap (tests/bseqs.py): a restore or rebuild
+    starts the bridge's numbering again (a restored session file, or a new
+    session), and so do the facts that say so."""
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
-    segment: list[int] = []
-    for e in events + [{"type": "agent.restored", "data": {}}]:
-        if e["type"] in SEGMENT_BREAKS:
-            assert segment == sorted(set(segment)), f"a bridge event was journaled twice: {segment}"
-            segment = []
-        elif "bseq" in e["data"]:
-            segment.append(e["data"]["bseq"])
+    trouble = bseq_trouble(events)
+    assert not trouble, trouble
 
 
 def restored(events, rung: str | None = None) -> list[dict]:
