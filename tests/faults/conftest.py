@@ -58,6 +58,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         rungs = ", ".join(f"{k}×{v}" for k, v in sorted(r.rungs.items())) or "-"
         tr.write_line(f"{r.scenario[:52]:<52} {r.iterations:>4}  {rungs[:40]:<40} "
                       f"{len(r.violations):>10}  {r.outcome:<8} {r.seconds:>6.1f}s")
+    for r in rows:
+        if r.placements:
+            landed = ", ".join(f"{k}×{v}" for k, v in sorted(r.placements.items()))
+            tr.write_line(f"kills landed [{r.scenario}]: {landed}")
     seeds = sorted({str(r.seed) for r in rows if r.seed is not None})
     if seeds:
         tr.write_line(f"seed(s): {', '.join(seeds)} (rerun with ALINEO_FAULT_SEED=<seed>)")

@@ -281,9 +281,32 @@ class Row:
     seconds: float = 0.0
     outcome: str = "?"
     seed: object = None
+    placements: Counter = field(default_factory=lambda: Counter())  # where the kills landed
 
     def add_rungs(self, rungs) -> None:
         self.rungs.update(rungs)
+
+
+def placement(world: "World", agents: list[str]) -> list[str]:
+    """Where a kill about to land finds `agents` (read just before it): mid-tool
+    (a tool call dispatched, no result), mid-turn (a turn open between steps:
+    the model's step), command journaled but not yet handed to the bridge
+    (a pending Command row), or idle."""
+    found = set()
+    for agent in agents:
+        events = world.events(agent)
+        open_turns = {e["data"].get("turn") for e in events if e["type"] == "turn.started"} - {
+            e["data"].get("turn") for e in events if e["type"] in ("turn.finished",
+                                                                   "turn.interrupted")}
+        calls = {e["data"].get("tool_call_id") for e in events if e["type"] == "tool.dispatched"}
+        calls -= {e["data"].get("tool_call_id") for e in events if e["type"] == "tool.result"}
+        if calls:
+            found.add("mid-tool")
+        elif open_turns:
+            found.add("mid-turn (model step)")
+        if world.pending_commands(agent):
+            found.add("command journaled, not delivered")
+    return sorted(found) or ["idle"]
 
 
 REPORT: list[Row] = []
