@@ -20,7 +20,7 @@ PG_PYTEST_ARGS ?= tests/unit tests/scaleout -m "not sqlite_only"
 # workers (1: in this process). The live suites (servers, sandboxes) run alone.
 UNIT_JOBS ?= 2
 
-.PHONY: help setup run test migrate bench clean
+.PHONY: help setup run test migrate bench mutants clean
 
 help:
 	@echo "make run      set up, migrate, ensure the admin user, serve on http://$(HOST):$(PORT)/"
@@ -28,6 +28,7 @@ help:
 	@echo "              then tests/unit + tests/scaleout on PostgreSQL + Redis (as root, or ALINEO_TEST_PG=1)"
 	@echo "make migrate  apply database migrations (to ALINEO_DATA_DIR, default ./var)"
 	@echo "make bench    run bench/run if present"
+	@echo "make mutants  the mutation check: deliberate bugs, one at a time, and the tests that must catch them"
 	@echo "make clean    remove the virtualenv and caches (keeps ./var, your data)"
 
 $(PY):
@@ -151,6 +152,11 @@ bench: setup
 	if [ -x bench/run ]; then bench/run; \
 	elif head -n1 bench/run | grep -Eq '^#!.*[/ ](ba)?sh'; then bash bench/run; \
 	else $(PY) bench/run; fi
+
+# Not part of `make test`: each mutant patches core code, runs the tests that
+# should catch it and restores the file (bench/mutants --list shows them).
+mutants: setup
+	$(PY) bench/mutants $(MUTANTS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis bench/results *.egg-info
