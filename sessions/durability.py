@@ -3,20 +3,27 @@ connections themselves, not taken from the settings that asked for them.
 
 A fact is acknowledged only once durable (docs/DURABILITY.md): on SQLite that
 needs ``journal_mode=WAL`` and ``synchronous=FULL`` (NORMAL can lose the last
-commits on power loss; OFF loses them on an OS crash), on PostgreSQL
-``fsync=on`` and a ``synchronous_commit`` other than ``off``. A kill -9 of a
-process cannot show a lost fsync, so nothing else would notice a setting gone
-wrong: every new connection of every process (web, worker, management
-commands, the group committer's thread) is read back here and refused when it
-is not durable, and ``serve`` / ``runworker`` log what they read at start.
+commits on power loss; OFF loses them on an OS crash), on PostgreSQL a
+``synchronous_commit`` other than ``off``. A kill -9 of a process cannot show
+a lost fsync, so nothing else would notice a setting gone wrong: every new
+connection of every process (web, worker, management commands, the group
+committer's thread) is read back here and refused when it is not durable, and
+``serve`` / ``runworker`` log what they read at start.
+
+PostgreSQL's ``fsync`` is the server's, not the connection's: an operator may
+turn it off on a throwaway cluster (the test cluster of .ci/services-up does),
+so ``fsync=off`` is logged as a warning (once per process), not refused.
 """
 
 from __future__ import annotations
 
+import logging
 import weakref
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
+
+log = logging.getLogger(__name__)
 
 #: SQLite's PRAGMA synchronous numbers.
 SQLITE_SYNCHRONOUS = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
@@ -50,12 +57,19 @@ def refusal(found: dict[str, str]) -> str | None:
             return f"journal_mode is {found['journal_mode']}, not wal"
         if found["synchronous"] not in ("FULL", "EXTRA"):
             return f"synchronous is {found['synchronous']}, not FULL"
-    elif found.get("vendor") == "postgresql":
-        if found["fsync"] != "on":
-            return f"fsync is {found['fsync']}"
-        if found["synchronous_commit"] == "off":
-            return "synchronous_commit is off"
+    elif found.get("vendor") == "postgresql" and found["synchronous_commit"] == "off":
+        return "synchronous_commit is off"
     return None
+
+
+_warned: list[str] = []
+
+
+def _warn_fsync(found: dict[str, str]) -> None:
+    if found.get("vendor") == "postgresql" and found.get("fsync") != "on" and not _warned:
+        _warned.append(found["fsync"])
+        log.warning("PostgreSQL runs with fsync=%s: a power loss can lose acknowledged facts "
+                    "(fine for a throwaway test cluster, never for production)", found["fsync"])
 
 
 def describe(found: dict[str, str]) -> str:
@@ -67,7 +81,9 @@ def on_connection(sender, connection, **kwargs) -> None:
     raw = connection.connection
     if raw in _checked:  # False for what cannot be weakly referenced (sqlite3's)
         return
-    why = refusal(read_back(connection))
+    found = read_back(connection)
+    why = refusal(found)
+    _warn_fsync(found)
     if why is not None:
         connection.close()
         raise ImproperlyConfigured(f"the database connection is not durable: {why} "

@@ -194,28 +194,34 @@ class World:
             time.sleep(0.2)
 
     # --- the server's database, read-only, from this process ------------------------------
-    def command_states(self, ids: list[int]) -> dict[int, str]:
-        """Command rows' states, read straight from the SQLite file (read-only)."""
-        if not ids:
-            return {}
+    def _rows(self, sql: str, params: list) -> list[tuple]:
+        """Rows read straight from the server's database (read-only): its SQLite
+        file, or its PostgreSQL database (a server started with DATABASE_URL)."""
+        url = self.server.extra_env.get("DATABASE_URL")
+        if url:
+            import psycopg
+
+            with psycopg.connect(url, autocommit=True) as conn:
+                return conn.execute(sql.replace("?", "%s"), params).fetchall()
         db = self.server.data_dir / "alineo.sqlite3"
         conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
         try:
-            marks = ",".join("?" * len(ids))
-            rows = conn.execute(f"SELECT id, state FROM agent_sessions_command WHERE id IN ({marks})",
-                                ids).fetchall()
+            return conn.execute(sql, params).fetchall()
         finally:
             conn.close()
+
+    def command_states(self, ids: list[int]) -> dict[int, str]:
+        """Command rows' states."""
+        if not ids:
+            return {}
+        marks = ",".join("?" * len(ids))
+        rows = self._rows(f"SELECT id, state FROM agent_sessions_command WHERE id IN ({marks})",
+                          list(ids))
         return {int(i): s for i, s in rows}
 
     def pending_commands(self, agent: str) -> list[int]:
-        db = self.server.data_dir / "alineo.sqlite3"
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
-        try:
-            rows = conn.execute("SELECT id FROM agent_sessions_command WHERE agent_id = ? AND "
-                                "state = 'pending' ORDER BY id", (agent,)).fetchall()
-        finally:
-            conn.close()
+        rows = self._rows("SELECT id FROM agent_sessions_command WHERE agent_id = ? AND "
+                          "state = 'pending' ORDER BY id", [agent])
         return [int(r[0]) for r in rows]
 
     def rungs_of(self, agents: list[str]) -> list[str]:
@@ -401,6 +407,13 @@ def wait_running_step(world: World, agent: str, marker: str, timeout: float = WA
         done = {e["data"]["tool_call_id"] for e in events if e["type"] == "tool.result"}
         return bool(ids - done)
     return world.wait_for(agent, running, f"a running step with {marker!r}", timeout)
+
+
+def mid_turn_repeats(default: int) -> int:
+    """How many mid-turn faults a fault_cases scenario runs after its idle one:
+    `default` (what `make test`'s budget allows), or ALINEO_FAULT_REPEATS for a
+    longer soak (the issue asks ≥ 10 per run; each costs ~8 s)."""
+    return max(1, int(os.environ.get("ALINEO_FAULT_REPEATS") or default))
 
 
 def restored_count(events) -> int:

@@ -63,12 +63,16 @@ def _work(rng: random.Random, i: int, agent: str, may_spawn: bool) -> tuple[str,
 
 @pytest.mark.parametrize("kind", ["local", "docker"])
 def test_kill_minus_nine_during_turns(kind, fault_row):
-    n = ITERATIONS[kind]
+    kill_scenario(kind, fault_row, make_server(kind), ITERATIONS[kind])
+
+
+def kill_scenario(kind: str, fault_row, server, n: int, label: str = "kill -9 control plane") -> None:
+    """The scenario on `server` (not started yet; SQLite or, from
+    tests/scaleout/test_faults_pg.py, PostgreSQL + Redis), `n` kills."""
     rng = random.Random(f"{SEED}:{kind}")
-    fault_row.seed, fault_row.scenario = SEED, f"kill -9 control plane ({kind})"
+    fault_row.seed, fault_row.scenario = SEED, f"{label} ({kind})"
     print(f"\n[faults] kill -9 of the control plane on {kind}: seed {SEED} "
           f"(ALINEO_FAULT_SEED={SEED} reproduces it), {n} iterations")
-    server = make_server(kind)
     server.start()
     try:
         world = World(server, kind, server.create_actor("kim"))
