@@ -255,7 +255,9 @@ def test_reattach_fails_fast_when_the_bridge_does_not_answer(local):
         t0 = time.monotonic()
         with pytest.raises(BridgeUnavailable) as err:
             Alineo.reattach(agent.id, **opts(local))
-        assert time.monotonic() - t0 < 5, "reattach took too long to give up"
+        # The contract is ~5 s (a 4 s probe); on two busy cores the bound here
+        # only proves it gives up rather than hangs (issue 16 item 10).
+        assert time.monotonic() - t0 < 20, "reattach did not give up"
         assert err.value.code == "runtime.bridge_unavailable" and not err.value.permanent
     finally:
         os.kill(pid, signal.SIGCONT)
