@@ -193,6 +193,10 @@ class Event(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["agent", "seq"], name="event_agent_seq_unique")]
         ordering = ["agent", "seq"]
+        # A budget's "what was spent today" (sessions/gateway/budget.py) reads the day's model
+        # calls before each call: only model.call rows are in this index, so other facts pay nothing.
+        indexes = [models.Index(fields=["ts"], condition=models.Q(type="model.call"),
+                                name="event_model_call_ts")]
 
     def as_dict(self) -> dict:
         return {"seq": self.seq, "type": self.type, "ts": iso_ts(self.ts), "data": self.data}

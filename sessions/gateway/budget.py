@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import enum
 import math
+from time import monotonic as _clock
 from dataclasses import dataclass
 from datetime import datetime, time, timedelta, timezone
 
-from sessions.models import BUDGET_MAX_TOKENS, BUDGET_MAX_USD, Event, Workspace
+from sessions.models import BUDGET_MAX_TOKENS, BUDGET_MAX_USD, Agent, Event, Workspace
 
 from .usage import TOKENS
 
@@ -65,31 +66,61 @@ def spent_today(workspace_id: int, now: datetime | None = None) -> Spent:
     since 00:00 UTC. A replay is not a call (it costs nothing); an unpriced
     call counts against a token budget only."""
     start = day_start(now)
-    rows = (Event.objects.filter(agent__workspace_id=workspace_id, type="model.call",
-                                 ts__gte=start, ts__lt=start + timedelta(days=1))
-            .values_list("data", flat=True))
+    agents = set(Agent.objects.filter(workspace_id=workspace_id).values_list("pk", flat=True))
+    # The day's model calls through the partial index on their time alone (an agent filter in
+    # SQL would lead SQLite's planner to the agent index: every fact of every agent, all time),
+    # and only the two small values, never the response's JSON.
+    rows = (Event.objects.filter(type="model.call", ts__gte=start, ts__lt=start + timedelta(days=1))
+            .order_by().values_list("agent_id", "data__usage", "data__cost_usd"))
     calls, tokens, cost = 0, 0, 0.0
-    for data in rows.iterator():
-        if not isinstance(data, dict):
+    for agent_id, usage, value in rows.iterator():
+        if agent_id not in agents:
             continue
         calls += 1
-        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        usage = usage if isinstance(usage, dict) else {}
         tokens += sum(v for k in TOKENS if isinstance(v := usage.get(k), int)
                       and not isinstance(v, bool) and v > 0)
-        value = data.get("cost_usd")
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
             cost += value
     return Spent(start.date().isoformat(), calls, tokens, round(cost, 8))
 
 
-def refusal(workspace: Workspace, now: datetime | None = None) -> Refusal | None:
+#: How long the gateway may reuse a workspace's spending of the day (seconds). A call this
+#: process journals forgets it at once; calls journaled by other workers are seen this late.
+FRESH_S = 2.0
+_recent: dict[int, tuple[float, Spent]] = {}
+
+
+def forget(workspace_id: int | None = None) -> None:
+    """This process journaled a call of the workspace (None: of any): its next
+    check reads again."""
+    if workspace_id is None:
+        _recent.clear()
+    else:
+        _recent.pop(workspace_id, None)
+
+
+def _spent(workspace_id: int, now: datetime | None, reuse: bool) -> Spent:
+    """Today's spending; at the gateway (reuse) read at most every FRESH_S per
+    workspace, so a workspace's many agents do not each fold the day per call."""
+    seen = _recent.get(workspace_id) if reuse and now is None else None
+    if seen is not None and _clock() - seen[0] < FRESH_S and seen[1].day == day_start().date().isoformat():
+        return seen[1]
+    spent = spent_today(workspace_id, now)
+    if reuse and now is None:
+        _recent[workspace_id] = (_clock(), spent)
+    return spent
+
+
+def refusal(workspace: Workspace, now: datetime | None = None, *,
+            reuse: bool = False) -> Refusal | None:
     """The budget the workspace has reached today, if any (None: no budget set,
     or some left). Checked before each call: the call that crosses a budget is
     answered, the next one refused."""
     tokens, usd = workspace.budget_tokens_per_day, workspace.budget_usd_per_day
     if tokens is None and usd is None:
         return None
-    spent = spent_today(workspace.pk, now)
+    spent = _spent(workspace.pk, now, reuse)
     if tokens is not None and spent.tokens >= tokens:
         return Refusal(Limit.TOKENS, spent.tokens, tokens, spent.day)
     if usd is not None and spent.cost_usd >= usd:

@@ -77,7 +77,7 @@ class CallJournal:
 
     def _over_budget(self) -> budget.Refusal | None:
         workspace = Workspace.objects.filter(agents__pk=self.agent_id).first()
-        return budget.refusal(workspace) if workspace is not None else None
+        return budget.refusal(workspace, reuse=True) if workspace is not None else None
 
     def _exceeded(self, refusal: budget.Refusal) -> None:
         """`budget.exceeded`, once a turn: a harness that retries a refused
@@ -90,6 +90,9 @@ class CallJournal:
     def _record(self, call: CallRecord) -> None:
         _, turn = self._turn()
         self._append("model.call", {"turn": turn, **call.fact()})
+        workspace_id = Agent.objects.filter(pk=self.agent_id).values_list("workspace_id", flat=True).first()
+        if workspace_id is not None:
+            budget.forget(workspace_id)
 
     def _append(self, etype: str, data: dict) -> None:
         if self.lease is not None:

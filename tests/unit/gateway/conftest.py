@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from sessions import journal
+from sessions.gateway import budget
 from sessions.gateway.demo import DemoUpstream
 from sessions.gateway.journaled import CallJournal
 from sessions.gateway.server import GatewayServer, Route
@@ -36,6 +37,14 @@ class Loop:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_budgets():
+    """A workspace's spending read by an earlier test (ids repeat) is not reused."""
+    budget.forget()
+    yield
+    budget.forget()
 
 
 @pytest.fixture

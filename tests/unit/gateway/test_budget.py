@@ -206,3 +206,16 @@ def test_the_agent_page_shows_usage_per_turn_and_the_budget(client, owner, agent
     assert "14 of 10 tokens" in page and "reached: model calls are refused" in page
     assert "Budget exceeded" in page
     assert Event.objects.filter(agent=agent, type="budget.exceeded").count() == 1
+
+
+def test_the_gateway_reuses_the_days_spending_until_it_journals_a_call(workspace, agent,
+                                                                      monkeypatch):
+    monkeypatch.setattr(budget, "FRESH_S", 3600.0)
+    workspace.budget_tokens_per_day = 10
+    assert budget.refusal(workspace, reuse=True) is None  # read: nothing spent
+    journal.append(agent.id, "model.call", {"status": "ok", "cost_usd": 0.0, "usage": {
+        "input_tokens": 15, "output_tokens": 5}})      # another worker's call
+    assert budget.refusal(workspace, reuse=True) is None  # not read again yet
+    assert budget.refusal(workspace).spent == 20          # the API and admin always read
+    budget.forget(workspace.pk)                           # this process journaled one
+    assert budget.refusal(workspace, reuse=True).spent == 20
