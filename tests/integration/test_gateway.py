@@ -59,6 +59,9 @@ def test_a_real_model_with_network_none_and_the_key_only_at_the_gateway(world):
     assert fake.requests[1]["body"]["messages"][-1]["tool_call_id"] == "call_env"
     assert_sound(events)
     assert events_of(events, "turn.finished")[0]["data"]["text"].endswith("All done.")
+    usage = events_of(events, "turn.finished")[0]["data"]["usage"]  # the turn's model calls
+    assert usage["calls"] <= 2 and usage["cost_usd"] is not None  # (a call made before the
+    # relay journaled turn.started counts for the turn before: docs/GATEWAY.md)
     env = events_of(events, "tool.result")[0]["data"]["output"]
     assert "OPENAI_API_KEY=alineo-gateway" in env and "redacted" not in env
     assert key not in json.dumps(world.events(agent))
