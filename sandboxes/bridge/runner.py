@@ -39,7 +39,7 @@ from .protocol import (
     SteerAnswer,
     TurnInfo,
 )
-from .providers import ModelError, Provider, StepRequest
+from .providers import BudgetExceeded, ModelError, Provider, StepRequest
 from .session import Session, utcnow
 from .tools import ToolContext, ToolOutcome, run_tool
 
@@ -240,6 +240,9 @@ class Runner:
                 result = self.provider.step(request, lambda t: self._delta(turn, t), cancel)
             except Cancelled:
                 return
+            except BudgetExceeded as exc:
+                self._fail(turn, "budget_exceeded", str(exc))
+                return
             except ModelError as exc:
                 self._fail(turn, "model_error", str(exc))
                 return
@@ -394,7 +397,8 @@ class Runner:
             cur = self._live(turn)
             if cur is None:
                 return
-            self.session.emit("model.error" if reason == "model_error" else "bridge.error",
+            model = reason in ("model_error", "budget_exceeded")
+            self.session.emit("model.error" if model else "bridge.error",
                               {"turn": turn, "message": message})
             self._settle(cur, reason)
             self.session.commit()

@@ -8,11 +8,13 @@ the same code, so the point is the engine, not the count."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
 from tests.engines import database_url
-from tests.faults.harness import REPORT, Row, make_server
+from tests.fault_report import row_property
+from tests.faults.harness import Row, make_server
 from tests.faults.test_container_loss import loss_scenario
 from tests.faults.test_kill_control_plane import kill_scenario
 
@@ -31,10 +33,14 @@ def _server():
 
 
 @pytest.fixture
-def row():
+def row(request):
+    """A row of the fault summary table (tests/fault_report.py gathers it)."""
     out = Row("")
+    t0 = time.monotonic()
     yield out
-    REPORT.append(out)
+    out.seconds = time.monotonic() - t0
+    out.outcome = "passed" if not out.violations else "failed"
+    request.node.user_properties.append(row_property(out))
     print(f"[faults] {out.scenario}: {out.iterations} iteration(s), rungs {dict(out.rungs)}, "
           f"kills landed {dict(out.placements)}, {len(out.violations)} violation(s)")
 

@@ -176,3 +176,16 @@ def test_a_new_session_starts_the_cursor_over_and_says_so(agent, bridge_of):
     assert facts[0] == ("bridge.session_changed", {"from": "an-older-session", "to": "planted",
                                                    "cursor": 9, "reason": "session_changed"})
     assert [d["bseq"] for t, d in facts[1:]] == [1, 2, 3]
+def test_a_turns_end_carries_the_usage_of_its_model_calls(agent, bridge_of):
+    from sessions import journal
+
+    call = {"status": "ok", "cost_usd": 0.5, "usage": {"input_tokens": 10, "output_tokens": 1}}
+    journal.append(agent.id, "model.call", {**call, "turn": 0})  # the turn before: not this one's
+    journal.append(agent.id, "turn.started", {"turn": 1, "command_id": "c-1"})
+    journal.append(agent.id, "model.call", {**call, "turn": 1})
+    journal.append(agent.id, "model.call", {**call, "turn": 1, "cost_usd": None})
+    bridge_of([_event(1, "turn.finished", {"turn": 1, "text": "ok"})])
+    facts = _relay_until(agent, 2)
+    [usage] = [d["usage"] for t, d in facts if t == "turn.finished"]
+    assert (usage["calls"], usage["input_tokens"], usage["output_tokens"]) == (2, 20, 2)
+    assert usage["cost_usd"] == 0.5 and usage["unpriced_calls"] == 1
