@@ -184,6 +184,7 @@ class DockerBackend(SandboxBackend):
         labels: Mapping[str, str] | None = None,
         command: Sequence[str] | None = None,
         cap_add: Sequence[str] = (),
+        binds: Mapping[str, str] | None = None,
     ) -> str:
         validate_create_args(agent_id, image, network)
         wanted, image = image, resolve_image(image)
@@ -196,7 +197,7 @@ class DockerBackend(SandboxBackend):
             env={**(env or {}), "HOME": HOME, "ALINEO_AGENT_ID": str(agent_id),
                  "ALINEO_RUN_DIR": CONTAINER_RUN_DIR},
             labels={**(labels or {}), LABEL_MANAGED: "1", LABEL_AGENT: str(agent_id)},
-            command=list(command or PLACEHOLDER_COMMAND), cap_add=list(cap_add))
+            command=list(command or PLACEHOLDER_COMMAND), cap_add=list(cap_add), binds=binds)
         with self._errors(image=image):
             if not self.image_exists(image):
                 if wanted == DEFAULT_IMAGE:
@@ -444,7 +445,7 @@ class DockerBackend(SandboxBackend):
 
 def _container_config(image: str, *, limits: Limits, network: str,
                       run_dir: str | None, env: dict, labels: dict, command: list,
-                      cap_add: list) -> dict:
+                      cap_add: list, binds: Mapping[str, str] | None = None) -> dict:
     """``containers.create`` arguments: under docker-init, every capability
     dropped but ``cap_add``, no new privileges, the limits, the run dir bound."""
     import docker.types
@@ -454,6 +455,8 @@ def _container_config(image: str, *, limits: Limits, network: str,
         run_dir = os.path.abspath(run_dir)
         os.makedirs(run_dir, mode=0o755, exist_ok=True)
         mounts.append(docker.types.Mount(CONTAINER_RUN_DIR, run_dir, type="bind"))
+    for host, inside in sorted((binds or {}).items()):
+        mounts.append(docker.types.Mount(inside, os.path.abspath(host), type="bind", read_only=True))
     config = dict(
         image=image, command=command, detach=True, init=True, network_mode=network,
         cap_drop=["ALL"], cap_add=cap_add or None, security_opt=["no-new-privileges"],
