@@ -125,7 +125,8 @@ class PiHarness(Harness):
             if pi is not self.pi or self.stopping:
                 return
             self.pi, self.busy = None, False
-            self.session.emit("harness.exited", {"harness": self.name, "exit_code": code})
+            self.session.emit("harness.exited", {"harness": self.name, "exit_code": code,
+                                                 "log_tail": _tail(self.log_path)})
             cur = self.state["current"]
             if cur is not None:
                 self._settle(cur, "harness_exited")
@@ -224,3 +225,13 @@ class PiHarness(Harness):
             self.session.commit()
         else:
             log.warning("pi refused %s: %s", event.get("command"), event.get("error"))
+
+
+def _tail(path: str, limit: int = 2000) -> str:
+    """The end of Pi's stderr log: why it exited, for the transcript."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - limit))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""

@@ -66,7 +66,10 @@ class PiCommand:
         os.replace(tmp, self.agent_dir / "models.json")
 
     def argv(self) -> list[str]:
-        return [self.node, self.cli, "--mode", "rpc", "--provider", PROVIDER, "--model", MODEL_ID,
+        # Without the trap handler V8 reserves no ~10 GB of address space per
+        # WebAssembly instance (undici's HTTP parser): under the local
+        # sandbox's RLIMIT_AS (its memory_mb) Pi's first fetch would fail.
+        return [self.node, "--disable-wasm-trap-handler", self.cli, "--mode", "rpc", "--provider", PROVIDER, "--model", MODEL_ID,
                 "--session", str(self.session_path), "--tools", ",".join(self.tools)]
 
     def environ(self) -> dict:
@@ -90,7 +93,7 @@ class PiProcess:
         self._on_event, self._on_exit = on_event, on_exit
         self._reader = threading.Thread(target=self._read, name="pi-reader", daemon=True)
         self._reader.start()
-        log.info("pi started (pid %d): %s", self.proc.pid, " ".join(command.argv()[2:]))
+        log.info("pi started (pid %d): %s", self.proc.pid, " ".join(command.argv()[3:]))
 
     def send(self, message: dict) -> bool:
         """Write one command; False when Pi is gone (its exit is reported)."""
