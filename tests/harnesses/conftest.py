@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import shutil
 import tempfile
 from pathlib import Path
@@ -25,12 +26,38 @@ def pi_install():
     return ensure_pi()
 
 
+def pi_pids(home: str, node_only: bool = True) -> list[int]:
+    """Processes of this home's Pi: Pi's config dir is in their environment
+    (Pi renames its process title, so its command line does not say). With
+    ``node_only=False`` also Pi's tool processes, which inherit it."""
+    marker = f"PI_CODING_AGENT_DIR={home}/.alineo/pi/agent".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            exe = os.readlink(entry / "exe")
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker in env and (exe.endswith("/node") or not node_only):
+            pids.append(int(entry.name))
+    return pids
+
+
 @pytest.fixture
 def pi_dirs():
     root = Path(tempfile.mkdtemp(prefix="pit-", dir="/tmp"))  # AF_UNIX paths < 108 bytes
     (root / "run").mkdir()
     (root / "home").mkdir()
     yield root
+    # Pi's tool processes outlive a killed Pi (their own process groups): end
+    # this test's, found by the environment they inherited, by pid.
+    for pid in pi_pids(str(root / "home"), node_only=False):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
     shutil.rmtree(root, ignore_errors=True)
 
 

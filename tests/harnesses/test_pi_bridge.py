@@ -14,25 +14,7 @@ from pathlib import Path
 
 from tests.unit.bridge.harness import WAIT, types
 
-from .conftest import SLOW_MODEL
-
-
-def _pi_pids(home: str) -> list[int]:
-    """Pi processes of this home: node with Pi's config dir in its environment
-    (Pi renames its process title, so its command line does not say)."""
-    marker = f"PI_CODING_AGENT_DIR={home}/.alineo/pi/agent".encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            exe = os.readlink(entry / "exe")
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if exe.endswith("/node") and marker in env:
-            pids.append(int(entry.name))
-    return pids
+from .conftest import SLOW_MODEL, pi_pids
 
 
 def _wait_until(predicate, what: str) -> None:
@@ -90,10 +72,10 @@ def test_kill9_of_the_bridge_between_turns_resumes_pi_on_its_session(pi_bridge, 
     bridge = pi_bridge()
     first = bridge.client.run_turn("write a.txt: one")
     assert _settled(first)["type"] == "turn.finished"
-    pid = _pi_pids(bridge.home)
+    pid = pi_pids(bridge.home)
     assert len(pid) == 1
     bridge.kill9()
-    _wait_until(lambda: not _pi_pids(bridge.home), "Pi to end with its bridge (stdin closed)")
+    _wait_until(lambda: not pi_pids(bridge.home), "Pi to end with its bridge (stdin closed)")
     calls_before = len(gateway.upstream.requests)
 
     bridge.start()
@@ -123,7 +105,6 @@ def test_kill9_during_a_tool_settles_the_turn_and_pi_continues(pi_bridge, gatewa
     assert _settled(after)["type"] == "turn.finished"
     texts = gateway.upstream.texts()
     assert "run: sleep 30" in texts and "say: still here" in texts
-    _kill_sleepers()
 
 
 def test_kill9_during_the_first_model_call_keeps_the_prompt(pi_bridge, gateway):
@@ -148,7 +129,7 @@ def test_pi_killed_inside_the_sandbox_is_restarted_on_its_session(pi_bridge, gat
     first = bridge.client.run_turn("write b.txt: two")
     turn = bridge.client.ok("prompt", text="run: sleep 30")["turn"]
     bridge.client.wait_type("tool.dispatched", after=first[-1]["bseq"])
-    (pid,) = _pi_pids(bridge.home)
+    (pid,) = pi_pids(bridge.home)
     os.kill(pid, signal.SIGKILL)
     events = bridge.client.wait_type("turn.interrupted", after=first[-1]["bseq"], turn=turn)
     assert events[-1]["data"]["reason"] == "harness_exited"
@@ -156,8 +137,7 @@ def test_pi_killed_inside_the_sandbox_is_restarted_on_its_session(pi_bridge, gat
     after = bridge.client.run_turn("run: cat b.txt", after=events[-1]["bseq"])
     assert next(e["data"] for e in after if e["type"] == "tool.result")["output"].startswith("two")
     assert "write b.txt: two" in gateway.upstream.texts()  # the restarted Pi has the history
-    assert _pi_pids(bridge.home) != [pid]
-    _kill_sleepers()
+    assert pi_pids(bridge.home) != [pid]
 
 
 def test_abort_settles_at_once_and_the_next_prompt_runs(pi_bridge):
@@ -199,18 +179,3 @@ def test_a_seeded_conversation_becomes_pis_session(pi_bridge, gateway, pi_dirs):
     assert _settled(events)["data"]["turn"] == 2
     texts = gateway.upstream.texts()
     assert texts[:2] == ["remember the word tangerine", "noted"]
-
-
-def _kill_sleepers() -> None:
-    """Pi's tool processes outlive a killed Pi (own process group): end ours."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmd = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if cmd.startswith(b"sleep\x0030") or b"sleep 30" in cmd:
-                try:
-                    os.kill(int(entry.name), signal.SIGKILL)
-                except OSError:
-                    pass
