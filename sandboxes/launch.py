@@ -23,7 +23,7 @@ from sandboxes import archive, config, harnesses
 from sandboxes.backends.base import LABEL_AGENT, SandboxBackend
 from sandboxes.bridge.protocol import MAX_SOCKET_PATH
 from sandboxes.errors import BackendUnavailable, SandboxError, SandboxNotFound
-from sandboxes.setup import ensure_setup_image
+from sandboxes.setup import ensure_harness_layer, ensure_setup_image
 
 log = logging.getLogger(__name__)
 
@@ -183,10 +183,16 @@ def create_sandbox(backend: SandboxBackend, launch: Launch, *, seed: dict | None
     all_labels = {**config.extra_labels(), **(labels or {})}
     spec = launch.spec
     image = ensure_setup_image(backend, spec, labels=config.extra_labels())
+    binds = None
+    if harness is not None:
+        layered = ensure_harness_layer(backend, image, harness, harnesses.HARNESS_DIR,
+                                       labels=config.extra_labels())
+        # In the image (docker), or bound read-only from the host (local).
+        binds = {str(harness.host_dir): harnesses.HARNESS_DIR} if layered == image else None
+        image = layered
     sid = backend.create(launch.agent_id, image, run_dir=str(run_dir_for(launch.agent_id)),
                          limits=spec.get("limits"), network=spec.get("network") or "none",
-                         env=env, labels=all_labels, command=command,
-                         binds={str(harness.host_dir): harnesses.HARNESS_DIR} if harness else None)
+                         env=env, labels=all_labels, command=command, binds=binds)
     if start:
         _start_or_remove(backend, sid)
     return sid

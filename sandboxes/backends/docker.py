@@ -45,7 +45,7 @@ from sandboxes.errors import (
     SandboxNotRunning,
 )
 from sandboxes.images import DEFAULT_IMAGE, resolve_image
-from sandboxes.safe_tar import validated_tar
+from sandboxes.safe_tar import tar_of, validated_tar
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,8 @@ class DockerBackend(SandboxBackend):
     has_engine_images = True
     image_hint = "on the Docker engine (build, import or pull it first)"
     #: Where snapshots of each kind are committed (the repository of the tag).
-    SNAPSHOT_REPOSITORIES = {"setup": "alineo-setup", "session": "alineo-snapshot"}
+    SNAPSHOT_REPOSITORIES = {"setup": "alineo-setup", "session": "alineo-snapshot",
+                             "harness": "alineo-harness"}
 
     def __init__(self, client=None, *, api_timeout: float = 120, base_url: str | None = None):
         self._client = client
@@ -365,6 +366,12 @@ class DockerBackend(SandboxBackend):
             self.stream_client.api.put_archive(sandbox_id, HOME, validated_tar(
                 tar_chunks, config.restore_caps()))
 
+    def add_tree(self, sandbox_id: str, host_dir: str, inside: str) -> None:
+        """Copy a host directory (ours: an installed harness) to ``inside``
+        of a created container, streamed as a tar (``put_archive``)."""
+        with self._errors(sandbox_id):
+            self.stream_client.api.put_archive(sandbox_id, "/", tar_of(host_dir, inside))
+
     def commit(self, sandbox_id: str, tag: str, *,
                labels: Mapping[str, str] | None = None) -> str:
         """``docker commit`` (paused while it runs). The image keeps the
@@ -482,3 +489,4 @@ def _map_state(state: str) -> SandboxStatus:
 
 def _explain(exc) -> str:
     return str(getattr(exc, "explanation", None) or exc)
+

@@ -10,7 +10,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from sandboxes.harnesses import ensure_pi
+from sandboxes.harnesses import HARNESS_DIR, ensure_pi
 from tests.integration.test_ladder import kill_bridge, restored, sandbox_of, settled_once
 from tests.integration.worlds import assert_sound, count_of, events_of, remove_sandbox
 
@@ -45,6 +45,15 @@ def test_a_pi_agent_writes_reads_and_survives_the_loss_of_its_sandbox(world):
     assert page.status_code == 200 and "notes/a.txt" in page.text
 
     old = sandbox_of(world, agent)
+    if world.kind == "docker":  # Pi is a layer of the image, not a host path the engine needs
+        import docker
+
+        client = docker.from_env()
+        try:
+            mounts = [m["Destination"] for m in client.api.inspect_container(old)["Mounts"]]
+        finally:
+            client.close()
+        assert HARNESS_DIR not in mounts, mounts
     remove_sandbox(world, old)
     world.send(agent, "prompt", "run: cat notes/a.txt")
     events = world.wait_turns(agent, 3)
