@@ -17,8 +17,12 @@ PYTEST_ARGS ?=
 # The PostgreSQL + Redis pass of `make test` (the scale-out shape) runs these.
 PG_PYTEST_ARGS ?= tests/unit tests/scaleout -m "not sqlite_only"
 # tests/unit is CPU-bound and self-contained: it runs on this many pytest-xdist
-# workers (1: in this process). The live suites (servers, sandboxes) run alone.
+# workers (1: in this process).
 UNIT_JOBS ?= 2
+# The live suites (servers, sandboxes, browsers) run on this many xdist workers,
+# a test file to a worker (--dist loadfile keeps a module's server on one), each
+# with its own ALINEO_DATA_DIR so its clean-up never touches another's sandboxes.
+LIVE_JOBS ?= 2
 
 .PHONY: help setup run test migrate bench clean
 
@@ -70,7 +74,8 @@ run: migrate
 # Two passes; `make test` fails when either fails:
 #   1. the whole suite ($(PYTEST_ARGS)) but tests/scaleout on SQLite and the
 #      in-memory channel layer (DATABASE_URL/REDIS_URL from your shell are ignored);
-#      by default tests/unit first on $(UNIT_JOBS) xdist workers, then the rest;
+#      by default tests/unit first on $(UNIT_JOBS) xdist workers, then the rest
+#      on $(LIVE_JOBS);
 #   2. $(PG_PYTEST_ARGS) on PostgreSQL + Redis (DATABASE_URL, REDIS_URL): the
 #      unit tests again (less those marked sqlite_only, which ran in pass 1) and
 #      the scale-out tests, which need several processes on one database. The
@@ -105,7 +110,15 @@ test: setup
 	  pass1 --ignore=tests/scaleout $(PYTEST_ARGS) || sqlite_status=$$?; \
 	else \
 	  pass1 tests/unit $(if $(filter-out 1,$(UNIT_JOBS)),-n $(UNIT_JOBS)) || sqlite_status=$$?; \
-	  pass1 --ignore=tests/scaleout --ignore=tests/unit --durations=25 || { s=$$?; [ "$$sqlite_status" != 0 ] || sqlite_status=$$s; }; \
+	  live_dist=""; \
+	  if [ "$(LIVE_JOBS)" != 1 ]; then \
+	    live_dist="--dist loadfile"; \
+	    for i in $$(seq $(LIVE_JOBS)); do \
+	      mkdir -m 700 -p "$$data_dir/sqlite/live$$i"; \
+	      live_dist="$$live_dist --tx popen//env:ALINEO_DATA_DIR=$$data_dir/sqlite/live$$i"; \
+	    done; \
+	  fi; \
+	  pass1 --ignore=tests/scaleout --ignore=tests/unit --durations=25 $$live_dist || { s=$$?; [ "$$sqlite_status" != 0 ] || sqlite_status=$$s; }; \
 	fi; \
 	pg_status=skipped; db_url=""; redis_url=""; \
 	if [ "$$want_pg" = 0 ]; then \

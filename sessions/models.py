@@ -17,6 +17,11 @@ from sandboxes.archive import KEEP_CHECKPOINTS
 from .specs import LIMIT_MAX
 
 
+#: The largest budgets an operator may set (a typo of many zeros is refused, not obeyed).
+BUDGET_MAX_TOKENS = 10**15
+BUDGET_MAX_USD = 10**9
+
+
 def new_agent_id() -> str:
     return "ag_" + secrets.token_hex(8)
 
@@ -67,6 +72,17 @@ class Workspace(models.Model):
         "max open streams per user", default=16, validators=[MinValueValidator(1)],
         help_text="Open SSE streams one member may hold on this workspace's agents, per serving "
                   "process (quota.streams, 429).")
+    # Budgets per UTC day (docs/GATEWAY.md#budgets): empty is no budget. The gateway refuses a
+    # model call once the day's model.call facts of the workspace's agents reach either.
+    budget_tokens_per_day = models.PositiveBigIntegerField(
+        "token budget per day", null=True, blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(BUDGET_MAX_TOKENS)],
+        help_text="Input, output and cache tokens of all agents per UTC day. Empty: no budget.")
+    budget_usd_per_day = models.FloatField(
+        "cost budget per day (USD)", null=True, blank=True,
+        validators=[MinValueValidator(0.0001), MaxValueValidator(BUDGET_MAX_USD)],
+        help_text="Cost (ALINEO_MODEL_PRICES) of all agents' model calls per UTC day. "
+                  "Empty: no budget.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -177,6 +193,10 @@ class Event(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["agent", "seq"], name="event_agent_seq_unique")]
         ordering = ["agent", "seq"]
+        # A budget's "what was spent today" (sessions/gateway/budget.py) reads the day's model
+        # calls before each call: only model.call rows are in this index, so other facts pay nothing.
+        indexes = [models.Index(fields=["ts"], condition=models.Q(type="model.call"),
+                                name="event_model_call_ts")]
 
     def as_dict(self) -> dict:
         return {"seq": self.seq, "type": self.type, "ts": iso_ts(self.ts), "data": self.data}

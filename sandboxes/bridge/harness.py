@@ -297,7 +297,8 @@ class Harness:
             cur = self._live(turn)
             if cur is None:
                 return
-            self.session.emit("model.error" if reason == "model_error" else "bridge.error",
+            model = reason in ("model_error", "budget_exceeded")
+            self.session.emit("model.error" if model else "bridge.error",
                               {"turn": turn, "message": message})
             self._settle(cur, reason)
             self.session.commit()

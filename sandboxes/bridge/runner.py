@@ -26,7 +26,7 @@ from . import orphans
 from .cancel import Cancelled, CancelToken
 from .harness import Busy, Harness
 from .hooks import Hooks
-from .providers import ModelError, Provider, StepRequest
+from .providers import BudgetExceeded, ModelError, Provider, StepRequest
 from .session import Session
 from .tools import ToolContext, ToolOutcome, run_tool
 
@@ -80,6 +80,9 @@ class Runner(Harness):
             try:
                 result = self.provider.step(request, lambda t: self._delta(turn, t), cancel)
             except Cancelled:
+                return
+            except BudgetExceeded as exc:
+                self._fail(turn, "budget_exceeded", str(exc))
                 return
             except ModelError as exc:
                 self._fail(turn, "model_error", str(exc))

@@ -4,7 +4,7 @@ the end makes every other /api/ path a JSON 404 instead of Django's HTML page.
 
 from django.urls import re_path
 
-from . import sandbox_views, views
+from . import budget_views, sandbox_views, views
 
 _ID = r"(?P<agent_id>[^/]+)"
 _SB = r"(?P<session_id>[^/]+)"
@@ -31,6 +31,8 @@ urlpatterns = [
             name="api-sandbox-snapshots"),
     re_path(rf"^sandboxes/{_SB}/events/?$", sandbox_views.sandbox_events,
             name="api-sandbox-events"),
+    re_path(r"^workspaces/(?P<name>[^/]+)/budget/?$", budget_views.workspace_budget,
+            name="api-workspace-budget"),
     re_path(r"^commands/(?P<command_id>[^/]+)/?$", views.command_detail, name="api-command"),
     # [\s\S], not ".": a path may hold a newline (%0A) too. (Django cannot reverse "(?s)".)
     re_path(r"^(?P<rest>[\s\S]*)$", views.api_not_found),

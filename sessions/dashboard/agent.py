@@ -10,6 +10,8 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from .. import inputs, journal
+from ..gateway import budget
+from ..gateway.usage import agent_usage
 from ..models import AgentLease, Event
 from .actions import action_forms
 from .common import agent_or_404, agent_version, bad_request, login_required, summarize
@@ -18,6 +20,7 @@ FIRST_PAGE = 100
 OLDER_PAGE = 300
 NEWER_PAGE = 500
 HISTORY = 20
+USAGE_TURNS = 10
 
 
 def side_context(agent) -> dict:
@@ -31,9 +34,15 @@ def side_context(agent) -> dict:
     days = agent.workspace.checkpoint_max_age_days
     checkpoints = [c for c in agent.checkpoints.filter(deleted_at=None).order_by("-created_at")
                    [:HISTORY] if c.expires_under(days) > now]  # what a restore could still use
+    usage = agent_usage(agent.id)
+    ws = agent.workspace
+    has_budget = ws.budget_tokens_per_day is not None or ws.budget_usd_per_day is not None
     return {
         "restores": [{"seq": s, "type": t, "data": d, "ts": ts} for s, t, d, ts in restores],
         "checkpoints": checkpoints,
+        "usage": usage,
+        "usage_turns": usage["turns"][-USAGE_TURNS:][::-1],  # newest first
+        "budget": budget.summary(ws) if has_budget else None,
     }
 
 

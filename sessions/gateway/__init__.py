@@ -13,6 +13,8 @@ its agent by the socket alone.
     upstreams.py       OpenAI-compatible and Anthropic upstreams; the key is added here
     calls.py           a call as a fact (model.call), its request hash, its cost
     journaled.py       CallJournal: model.call / model.replayed in the agent's transcript
+    usage.py           usage per agent and turn, folded from the facts
+    budget.py          daily budgets per workspace: today's spending, the refusal
     hub.py             the worker's side: open_listener for a driven agent
     errors.py          GatewayError, the root
 """

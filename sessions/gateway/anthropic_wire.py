@@ -118,7 +118,8 @@ def _block(index: int, start: dict, deltas: list[dict]) -> list[tuple[str, dict]
             + [("content_block_stop", {"type": "content_block_stop", "index": index})])
 
 
-ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "request_too_large",
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
+               403: "permission_error", 404: "not_found_error", 413: "request_too_large",
                429: "rate_limit_error", 502: "api_error", 504: "api_error"}
 
 

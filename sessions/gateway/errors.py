@@ -37,3 +37,11 @@ class UpstreamError(GatewayError):
     status = 502
     code = "upstream_error"
     permanent = False
+
+
+class BudgetExceeded(GatewayError):
+    """The agent's workspace has spent its daily budget (budget.py): a 429 in
+    the caller's shape, its message starting ``budget_exceeded:``."""
+
+    status = 429
+    code = "budget_exceeded"

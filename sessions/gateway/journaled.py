@@ -11,8 +11,9 @@ from channels.db import database_sync_to_async
 
 from sandboxes.launch import Secret
 from sessions import credentials, journal, leases
-from sessions.models import Agent, AgentStatus, Event
+from sessions.models import Agent, AgentStatus, Event, Workspace
 
+from . import budget
 from .calls import CallRecord, CallStatus
 
 
@@ -41,6 +42,13 @@ class CallJournal:
     async def completed(self, request_hash: str) -> Completed | None:
         return await database_sync_to_async(self._completed)(request_hash)
 
+    async def over_budget(self) -> budget.Refusal | None:
+        """The agent's workspace has reached a daily budget (budget.py)."""
+        return await database_sync_to_async(self._over_budget)()
+
+    async def exceeded(self, refusal: budget.Refusal) -> None:
+        await database_sync_to_async(self._exceeded)(refusal)
+
     async def record(self, call: CallRecord) -> None:
         await database_sync_to_async(self._record)(call)
 
@@ -67,9 +75,24 @@ class CallJournal:
                 return Completed(seq, data)
         return None
 
+    def _over_budget(self) -> budget.Refusal | None:
+        workspace = Workspace.objects.filter(agents__pk=self.agent_id).first()
+        return budget.refusal(workspace, reuse=True) if workspace is not None else None
+
+    def _exceeded(self, refusal: budget.Refusal) -> None:
+        """`budget.exceeded`, once a turn: a harness that retries a refused
+        call in a loop must not fill the transcript with refusals."""
+        since, turn = self._turn()
+        if not Event.objects.filter(agent_id=self.agent_id, seq__gt=since,
+                                    type="budget.exceeded").exists():
+            self._append("budget.exceeded", {"turn": turn, **refusal.fact()})
+
     def _record(self, call: CallRecord) -> None:
         _, turn = self._turn()
         self._append("model.call", {"turn": turn, **call.fact()})
+        workspace_id = Agent.objects.filter(pk=self.agent_id).values_list("workspace_id", flat=True).first()
+        if workspace_id is not None:
+            budget.forget(workspace_id)
 
     def _append(self, etype: str, data: dict) -> None:
         if self.lease is not None:

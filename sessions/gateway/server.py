@@ -20,7 +20,7 @@ from typing import Protocol
 
 from . import anthropic_wire, httpio, openai_wire
 from .calls import CallRecord, CallStatus, cost_usd, reply_of, request_hash
-from .errors import BadRequest, GatewayError, NotFound, UpstreamError
+from .errors import BadRequest, BudgetExceeded, GatewayError, NotFound, UpstreamError
 from .messages import Api, ModelReply, ModelRequest, Usage
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,10 @@ class Journal(Protocol):
     async def completed(self, request_hash: str): ...
 
     async def record(self, call: CallRecord) -> None: ...
+
+    async def over_budget(self): ...
+
+    async def exceeded(self, refusal) -> None: ...
 
     async def replayed(self, request_hash: str, found, latency_ms: int) -> None: ...
 
@@ -158,6 +162,11 @@ class GatewayServer:
             if found is not None:
                 await _journal_op(route.journal.replayed(key, found, _ms(started)))
                 return reply_of(found.data)
+            # A replay costs nothing, so it is answered even over budget.
+            refused = await _journal_op(route.journal.over_budget())
+            if refused is not None:
+                await _journal_op(route.journal.exceeded(refused))
+                raise BudgetExceeded(refused.message())
         try:
             reply = await self._ask(asked)
         except GatewayError as exc:

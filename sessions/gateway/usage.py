@@ -39,3 +39,20 @@ def agent_usage(agent_id: str) -> dict:
         turn = data.get("turn") if isinstance(data.get("turn"), int) else 0
         _add(turns.setdefault(turn, {"turn": turn, **_empty()}), data)
     return {**total, "turns": [turns[t] for t in sorted(turns)]}
+
+
+def turn_usage(agent_id: str, turn: int) -> dict:
+    """{calls, *_tokens, cost_usd, unpriced_calls} of the calls journaled for
+    one turn, for its `turn.finished` / `turn.interrupted` (the relay adds it).
+    Read from the agent's latest turn.started on (this turn's, or the one
+    before it when the relay has not journaled this one yet): one or two
+    turns of rows, never the agent's whole life."""
+    since = (Event.objects.filter(agent_id=agent_id, type="turn.started").order_by("-seq")
+             .values_list("seq", flat=True).first()) or 0
+    total = _empty()
+    rows = (Event.objects.filter(agent_id=agent_id, type="model.call", seq__gt=since)
+            .order_by("seq").values_list("data", flat=True))
+    for data in rows.iterator():
+        if isinstance(data, dict) and data.get("turn") == turn:
+            _add(total, data)
+    return total

@@ -172,6 +172,7 @@ _TITLES = {
     "command.failed": "Command failed",
     "model.call": "Model call",
     "model.replayed": "Model call (from the journal)",
+    "budget.exceeded": "Budget exceeded",
 }
 
 
@@ -267,6 +268,12 @@ def event_view(event) -> dict:
         view["failed"] = data.get("status") == "error"
         view["blocks"] = [_block("response" if "response" in data else "error",
                                  data.get("response", data.get("error", {})))]
+    elif etype == "budget.exceeded":
+        unit = "tokens" if data.get("limit") == "tokens" else "USD"
+        view["text"] = (f"The workspace's daily {unit} budget is spent: the model call was "
+                        "refused and the turn ends.")
+        view["meta"] = f"{data.get('spent', '?')} of {data.get('budget', '?')} {unit} · {data.get('day', '')} UTC"
+        view["failed"] = True
     elif etype == "command.failed":
         view["text"] = str(data.get("reason", ""))
         view["meta"] = " · ".join(str(data[k]) for k in ("verb", "code") if data.get(k))

@@ -31,6 +31,7 @@ from django.db import transaction
 from sandboxes.bridge.protocol import BridgeEvent
 from sandboxes.bridge_client import BridgeError, BridgeRequestError
 from sessions import commands, credentials, journal, memory
+from sessions.gateway.usage import turn_usage
 from sessions.models import Agent
 
 from . import admission, store
@@ -184,7 +185,17 @@ def _commit(agent_id: str, cursor: int, session: str, new_session: str, through:
             bridge_cursor=through, bridge_session=new_session)
         if moved != 1:
             raise CursorMoved(f"agent {agent_id}: the bridge cursor is no longer {session}:{cursor}")
-        return journal.append_many(agent_id, facts)
+        return journal.append_many(agent_id, [_with_usage(agent_id, f) for f in facts])
+
+
+def _with_usage(agent_id: str, fact: tuple[str, dict]) -> tuple[str, dict]:
+    """A turn's end carries what its model calls used (docs/GATEWAY.md), summed
+    from the gateway's model.call facts, which are journaled before the
+    bridge sees each answer: all of the turn's are in by now."""
+    etype, data = fact
+    if etype not in ("turn.finished", "turn.interrupted"):
+        return fact
+    return etype, {**data, "usage": turn_usage(agent_id, _turn_of(data))}
 
 
 @database_sync_to_async

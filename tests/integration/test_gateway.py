@@ -10,6 +10,7 @@ import json
 import tarfile
 import uuid
 
+import httpx
 import zstandard
 
 from tests.integration.test_credentials import nowhere_but_the_credential_table, store_secret
@@ -58,6 +59,9 @@ def test_a_real_model_with_network_none_and_the_key_only_at_the_gateway(world):
     assert fake.requests[1]["body"]["messages"][-1]["tool_call_id"] == "call_env"
     assert_sound(events)
     assert events_of(events, "turn.finished")[0]["data"]["text"].endswith("All done.")
+    usage = events_of(events, "turn.finished")[0]["data"]["usage"]  # the turn's model calls
+    assert usage["calls"] <= 2 and usage["cost_usd"] is not None  # (a call made before the
+    # relay journaled turn.started counts for the turn before: docs/GATEWAY.md)
     env = events_of(events, "tool.result")[0]["data"]["output"]
     assert "OPENAI_API_KEY=alineo-gateway" in env and "redacted" not in env
     assert key not in json.dumps(world.events(agent))
@@ -67,3 +71,32 @@ def test_a_real_model_with_network_none_and_the_key_only_at_the_gateway(world):
         leaked = [m.name for m in tar if m.isfile() and key.encode() in tar.extractfile(m).read()]
     assert leaked == []
     nowhere_but_the_credential_table(world, key)
+
+
+def test_a_spent_budget_ends_the_turn_visibly(world):
+    """Set over the API by an operator: the demo's tokens count, the call that
+    crosses the budget is answered, the next is refused at the gateway and
+    the turn ends as budget_exceeded. (Last in the module: the budget is the
+    world's workspace's, removed again at the end.)"""
+    world.server.grant(world.actor, "change_workspace")
+    url = f"{world.url}/api/workspaces/{world.actor.workspace}/budget"
+    spent = httpx.get(url, headers=world.actor.auth, timeout=30).json()["today"]["tokens"]
+    budget = spent + 1  # the module's earlier agents spent some today: one token more
+    answer = httpx.put(url, json={"tokens_per_day": budget}, headers=world.actor.auth, timeout=30)
+    assert answer.status_code == 200, answer.text
+    try:
+        agent = world.spawn({**DEMO, "network": "none"}, "run: echo spent")
+        events = world.wait_for(agent, lambda evs: events_of(evs, "turn.interrupted"),
+                                "the turn to end")
+        assert events_of(events, "turn.interrupted")[0]["data"]["reason"] == "budget_exceeded"
+        [exceeded] = events_of(events, "budget.exceeded")
+        assert exceeded["data"]["limit"] == "tokens" and exceeded["data"]["budget"] == budget
+        assert len(events_of(events, "model.call")) == 1  # the refused call was not made
+        assert len(events_of(events, "tool.result")) == 1  # the first call's tool ran
+        today = httpx.get(url, headers=world.actor.auth, timeout=30).json()
+        assert today["exceeded"] == "tokens" and today["today"]["calls"] >= 1
+        page = httpx.get(f"{world.url}/agents/{agent}/", timeout=30,
+                         cookies={"sessionid": world.server.session_cookie(world.actor)}).text
+        assert "Budget exceeded" in page and "reached: model calls are refused" in page
+    finally:
+        httpx.put(url, json={"tokens_per_day": None}, headers=world.actor.auth, timeout=30)

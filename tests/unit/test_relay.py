@@ -113,3 +113,18 @@ def test_a_secret_split_across_deltas_never_reaches_the_transcript(agent, bridge
     assert "".join(texts).startswith("the token is ") and "[redacted:github] and more" in texts[-1]
     assert [d["text"] for t, d in facts if t == "message.assistant"] == [
         "the token is [redacted:github] and more"]
+
+
+def test_a_turns_end_carries_the_usage_of_its_model_calls(agent, bridge_of):
+    from sessions import journal
+
+    call = {"status": "ok", "cost_usd": 0.5, "usage": {"input_tokens": 10, "output_tokens": 1}}
+    journal.append(agent.id, "model.call", {**call, "turn": 0})  # the turn before: not this one's
+    journal.append(agent.id, "turn.started", {"turn": 1, "command_id": "c-1"})
+    journal.append(agent.id, "model.call", {**call, "turn": 1})
+    journal.append(agent.id, "model.call", {**call, "turn": 1, "cost_usd": None})
+    bridge_of([_event(1, "turn.finished", {"turn": 1, "text": "ok"})])
+    facts = _relay_until(agent, 2)
+    [usage] = [d["usage"] for t, d in facts if t == "turn.finished"]
+    assert (usage["calls"], usage["input_tokens"], usage["output_tokens"]) == (2, 20, 2)
+    assert usage["cost_usd"] == 0.5 and usage["unpriced_calls"] == 1

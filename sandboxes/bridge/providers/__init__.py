@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import ModelError, Provider, StepRequest, StepResult, ToolCall
+from .base import BudgetExceeded, ConnectionLost, ModelError, Provider, Resent, StepRequest, StepResult, ToolCall
 
 
 def make_provider(config: dict, environ) -> Provider:
@@ -38,7 +38,7 @@ def _through_gateway(model: str, kind: str, name: str, options: dict, environ) -
     else:
         raise ValueError(f"unknown model {model!r}: use demo, openai:<model> or anthropic:<model>")
     provider.label = model
-    return provider
+    return Resent(provider)
 
 
-__all__ = ["ModelError", "Provider", "StepRequest", "StepResult", "ToolCall", "make_provider"]
+__all__ = ["BudgetExceeded", "ConnectionLost", "ModelError", "Provider", "StepRequest", "StepResult", "ToolCall", "make_provider"]

@@ -120,9 +120,30 @@ class Hang:
         time.sleep(self.seconds)
 
 
+class Gate:
+    """Hold the answer until ``open`` is called (a model still thinking), then
+    send ``then``; an answer to a connection that died meanwhile goes nowhere."""
+
+    def __init__(self, then: "Raw"):
+        self.then = then
+        self.opened = threading.Event()
+
+    def open(self) -> None:
+        self.opened.set()
+
+    def send(self, handler: BaseHTTPRequestHandler) -> None:
+        self.opened.wait(120)
+        try:
+            self.then.send(handler)
+        except OSError:
+            pass
+
+
 class FakeModelServer:
     def __init__(self) -> None:
         self.script: list = []
+        #: Or: answer each request by what it asks (request -> a response), not in order.
+        self.respond = None
         self.requests: list[dict] = []
         self._lock = threading.Lock()
         server = self
@@ -134,7 +155,8 @@ class FakeModelServer:
                     headers = {k.lower(): v for k, v in self.headers.items()}
                     server.requests.append({"path": self.path, "headers": headers,
                                             "body": json.loads(body)})
-                    response = (server.script.pop(0) if server.script
+                    response = (server.respond(server.requests[-1]) if server.respond
+                                else server.script.pop(0) if server.script
                                 else Raw(500, b'{"error":"no script"}'))
                 response.send(self)
 

@@ -16,8 +16,12 @@ import httpx2  # what anthropic's SDK is built on (it refuses httpx objects)
 import openai
 import pytest
 
+from sessions import journal
+from sessions.gateway import budget
 from sessions.gateway.demo import DemoUpstream
+from sessions.gateway.journaled import CallJournal
 from sessions.gateway.server import GatewayServer, Route
+from tests.unit.bridge.fake_models import FakeModelServer
 
 
 class Loop:
@@ -33,6 +37,14 @@ class Loop:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_budgets():
+    """A workspace's spending read by an earlier test (ids repeat) is not reused."""
+    budget.forget()
+    yield
+    budget.forget()
 
 
 @pytest.fixture
@@ -75,3 +87,36 @@ def anthropic_client(sock: Path) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url="http://gateway", api_key="placeholder", max_retries=0,
                                http_client=httpx2.Client(transport=httpx2.HTTPTransport(
                                    uds=str(sock))))
+
+
+@pytest.fixture
+def fake():
+    """A fake OpenAI-compatible / Anthropic upstream on 127.0.0.1 that records requests."""
+    with FakeModelServer() as server:
+        yield server
+
+
+@pytest.fixture
+def listen(request, loop, short_dir, agent):
+    """listen(upstream) -> the socket of a listener whose calls are journaled in
+    the `agent` fixture's transcript, at the test module's PRICES."""
+    servers = []
+
+    def start(upstream):
+        route = Route(agent.id, upstream, CallJournal(agent.id), getattr(request.module, "PRICES", {}))
+        server = GatewayServer(route, short_dir / "gw.sock", max_body=1 << 20)
+        loop.run(server.start())
+        servers.append(server)
+        return server.socket_path
+
+    yield start
+    for server in servers:
+        loop.run(server.close())
+
+
+def facts(agent, etype):
+    return [e for e in journal.page_after(agent.id, 0, 1000).events if e.type == etype]
+
+
+def turn(agent, n):
+    journal.append(agent.id, "turn.started", {"turn": n, "command_id": str(n)})

@@ -96,3 +96,86 @@ def test_without_a_gateway_the_model_call_is_a_model_error_not_a_hang(run_home, 
     events = bridge.client.run_turn("say: hi")
     assert events[-1]["type"] == "turn.interrupted"
     assert events[-1]["data"]["reason"] == "model_error"
+
+
+class _Blocking(DemoUpstream):
+    """The demo model, except that its first call never answers (a model
+    still thinking when the control plane dies)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    async def complete(self, request):
+        import asyncio
+
+        self.calls += 1
+        if self.calls == 1:
+            await asyncio.Event().wait()
+        return await super().complete(request)
+
+
+def test_a_call_cut_by_a_dying_gateway_is_asked_again_of_the_next(loop, run_home, bridge):
+    import time
+
+    sock = os.path.join(run_home[0], "gateway.sock")
+    first = _Blocking()
+    server = GatewayServer(Route("a-1", first), sock, max_body=1 << 20)
+    loop.run(server.start())
+    bridge.start()
+    turn = bridge.client.ok("prompt", text="say: across the restart", command_id="c-1")["turn"]
+    deadline = time.monotonic() + 30
+    while first.calls == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    loop.run(server.close())  # the call in flight is cut, as by a kill -9
+    time.sleep(1.0)           # the bridge asks again meanwhile: the forwarder waits
+    again = GatewayServer(Route("a-1", DemoUpstream()), sock, max_body=1 << 20)
+    loop.run(again.start())
+    try:
+        events = bridge.client.wait_for(lambda e: e["type"] in ("turn.finished", "turn.interrupted")
+                                        and e["data"]["turn"] == turn)
+    finally:
+        loop.run(again.close())
+    assert events[-1]["type"] == "turn.finished", events[-1]
+    assert "across the restart" in events[-1]["data"]["text"]
+    assert not [e for e in events if e["type"] == "model.error"]
+
+
+class _OverBudget:
+    """A journal whose workspace has spent its budget (the real one:
+    tests/unit/gateway/test_budget.py)."""
+
+    def __init__(self):
+        from sessions.gateway.budget import Limit, Refusal
+
+        self.refusal = Refusal(Limit.TOKENS, 120, 100, "2026-12-01")
+        self.exceeded_with = []
+
+    async def paused(self):
+        return False
+
+    async def completed(self, request_hash):
+        return None
+
+    async def over_budget(self):
+        return self.refusal
+
+    async def exceeded(self, refusal):
+        self.exceeded_with.append(refusal)
+
+
+def test_a_spent_budget_ends_the_bridges_turn_as_budget_exceeded(loop, run_home, bridge):
+    journal = _OverBudget()
+    server = GatewayServer(Route("a-1", DemoUpstream(), journal),
+                           os.path.join(run_home[0], "gateway.sock"), max_body=1 << 20)
+    loop.run(server.start())
+    try:
+        bridge.start()
+        events = bridge.client.run_turn("say: hi")
+    finally:
+        loop.run(server.close())
+    assert events[-1]["type"] == "turn.interrupted"
+    assert events[-1]["data"]["reason"] == "budget_exceeded"
+    error = next(e for e in events if e["type"] == "model.error")["data"]["message"]
+    assert "HTTP 429" in error and "120 of 100 tokens" in error
+    assert journal.exceeded_with == [journal.refusal]

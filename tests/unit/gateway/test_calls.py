@@ -10,7 +10,6 @@ import json
 import openai
 import pytest
 
-from sessions import journal
 from sessions.gateway.calls import CallStatus, cost_usd, request_hash
 from sessions.gateway.demo import DemoUpstream
 from sessions.gateway.journaled import CallJournal
@@ -18,44 +17,14 @@ from sessions.gateway.messages import Usage
 from sessions.gateway.server import GatewayServer, Route
 from sessions.gateway.upstreams import OpenAIUpstream, Target
 from sessions.gateway import openai_wire
-from tests.unit.bridge.fake_models import FakeModelServer, Raw, openai_completion
+from tests.unit.bridge.fake_models import Raw, openai_completion
 
-from .conftest import anthropic_client, openai_client
+from .conftest import anthropic_client, facts, openai_client, turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PRICES = {"openai:gpt-fake": {"input": 2.0, "output": 10.0}}
 ASK = [{"role": "user", "content": "list the files"}]
-
-
-@pytest.fixture
-def fake():
-    with FakeModelServer() as server:
-        yield server
-
-
-@pytest.fixture
-def listen(loop, short_dir, agent):
-    servers = []
-
-    def start(upstream):
-        route = Route(agent.id, upstream, CallJournal(agent.id), PRICES)
-        server = GatewayServer(route, short_dir / "gw.sock", max_body=1 << 20)
-        loop.run(server.start())
-        servers.append(server)
-        return server.socket_path
-
-    yield start
-    for server in servers:
-        loop.run(server.close())
-
-
-def facts(agent, etype):
-    return [e for e in journal.page_after(agent.id, 0, 1000).events if e.type == etype]
-
-
-def turn(agent, n):
-    journal.append(agent.id, "turn.started", {"turn": n, "command_id": str(n)})
 
 
 def test_a_call_is_journaled_with_usage_cost_and_response(listen, fake, agent):
