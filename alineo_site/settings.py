@@ -347,6 +347,12 @@ ALINEO_DOCKER_HOST_TAR = envbool("ALINEO_DOCKER_HOST_TAR", True)
 # The Debian mirror the base image is built from (default: this machine's apt sources).
 ALINEO_DEBIAN_MIRROR = envstr("ALINEO_DEBIAN_MIRROR").rstrip("/")
 ALINEO_DEBIAN_SECURITY_MIRROR = envstr("ALINEO_DEBIAN_SECURITY_MIRROR").rstrip("/")
+# Where harnesses other than the built-in one (Pi: node + its npm package) are
+# installed once, keyed by a hash of their inputs (sandboxes/harnesses.py);
+# shared by every data dir of this user, bound read-only into sandboxes.
+ALINEO_HARNESS_CACHE = envstr("ALINEO_HARNESS_CACHE") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+    "alineo", "harnesses")
 # The most a home written into a sandbox (a restore, a fork) may hold: a
 # checkpoint past it is refused as unusable (the agent is rebuilt instead).
 ALINEO_RESTORE_MAX_BYTES = envint("ALINEO_RESTORE_MAX_BYTES", 8 << 30)

@@ -19,7 +19,7 @@ import math
 import re
 from typing import Any, Callable
 
-from sandboxes import images
+from sandboxes import harnesses, images
 from sandboxes.backends import get_backend
 from sandboxes.backends.base import NETWORKS
 from sandboxes.errors import SandboxError
@@ -54,6 +54,7 @@ DEFAULTS: dict[str, Any] = {
     "hooks": {},
     "run_as": "root",
     "name": "",
+    "harness": harnesses.BUILTIN,  # or "pi" (docs/HARNESSES.md)
 }
 
 _PACKAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9+._:=~<>-]{0,199}$")
@@ -99,6 +100,12 @@ def _check_together(spec: dict[str, Any]) -> None:
             "packages",
             'packages need network: host (they are installed from the Debian mirror at '
             'setup); set "network": "host" or install nothing',
+        )
+    if spec["harness"] == harnesses.PI and spec["hooks"].get("pre_tool_use"):
+        raise SpecError(
+            "hooks.pre_tool_use",
+            "the pi harness runs its tools itself and has no pre_tool_use hook; "
+            "use session_start and stop, or the built-in harness (docs/HARNESSES.md)",
         )
     provider = spec["model"].partition(":")[0]
     key_env = PROVIDER_KEY_ENV.get(provider)
@@ -358,4 +365,5 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "hooks": _hooks,
     "run_as": _run_as,
     "name": _name,
+    "harness": _choice(harnesses.HARNESSES),
 }

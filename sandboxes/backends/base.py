@@ -217,6 +217,10 @@ class SandboxBackend(abc.ABC):
         :meth:`create` sets."""
         return ["python3", "-m", "bridge"]
 
+    def bind_inside(self, host_dir: str, inside: str) -> str:
+        """Where a ``binds`` directory is seen by the sandbox's processes."""
+        return inside
+
     def share_run_dir(self, run_dir: Path) -> None:
         """Make ``run_dir`` usable by the sandbox's processes (before create)."""
 
@@ -256,10 +260,13 @@ class SandboxBackend(abc.ABC):
         labels: Mapping[str, str] | None = None,
         command: Sequence[str] | None = None,
         cap_add: Sequence[str] = (),
+        binds: Mapping[str, str] | None = None,
     ) -> str:
         """Create (not start) a sandbox for ``agent_id`` from ``image`` (a base
         image or a snapshot ref from :meth:`commit`). ``run_dir`` is a host
-        directory seen as ``$ALINEO_RUN_DIR`` inside. Returns the sandbox id."""
+        directory seen as ``$ALINEO_RUN_DIR`` inside. ``binds`` maps host
+        directories to where they are seen inside, read-only (an installed
+        harness, sandboxes/harnesses.py). Returns the sandbox id."""
 
     @abc.abstractmethod
     def start(self, sandbox_id: str) -> None:

@@ -45,7 +45,7 @@ from sandboxes.errors import (
     SandboxNotRunning,
 )
 from sandboxes.images import DEFAULT_IMAGE, resolve_image
-from sandboxes.safe_tar import validated_tar
+from sandboxes.safe_tar import tar_of, validated_tar
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,8 @@ class DockerBackend(SandboxBackend):
     has_engine_images = True
     image_hint = "on the Docker engine (build, import or pull it first)"
     #: Where snapshots of each kind are committed (the repository of the tag).
-    SNAPSHOT_REPOSITORIES = {"setup": "alineo-setup", "session": "alineo-snapshot"}
+    SNAPSHOT_REPOSITORIES = {"setup": "alineo-setup", "session": "alineo-snapshot",
+                             "harness": "alineo-harness"}
 
     def __init__(self, client=None, *, api_timeout: float = 120, base_url: str | None = None):
         self._client = client
@@ -184,6 +185,7 @@ class DockerBackend(SandboxBackend):
         labels: Mapping[str, str] | None = None,
         command: Sequence[str] | None = None,
         cap_add: Sequence[str] = (),
+        binds: Mapping[str, str] | None = None,
     ) -> str:
         validate_create_args(agent_id, image, network)
         wanted, image = image, resolve_image(image)
@@ -196,7 +198,7 @@ class DockerBackend(SandboxBackend):
             env={**(env or {}), "HOME": HOME, "ALINEO_AGENT_ID": str(agent_id),
                  "ALINEO_RUN_DIR": CONTAINER_RUN_DIR},
             labels={**(labels or {}), LABEL_MANAGED: "1", LABEL_AGENT: str(agent_id)},
-            command=list(command or PLACEHOLDER_COMMAND), cap_add=list(cap_add))
+            command=list(command or PLACEHOLDER_COMMAND), cap_add=list(cap_add), binds=binds)
         with self._errors(image=image):
             if not self.image_exists(image):
                 if wanted == DEFAULT_IMAGE:
@@ -364,6 +366,12 @@ class DockerBackend(SandboxBackend):
             self.stream_client.api.put_archive(sandbox_id, HOME, validated_tar(
                 tar_chunks, config.restore_caps()))
 
+    def add_tree(self, sandbox_id: str, host_dir: str, inside: str) -> None:
+        """Copy a host directory (ours: an installed harness) to ``inside``
+        of a created container, streamed as a tar (``put_archive``)."""
+        with self._errors(sandbox_id):
+            self.stream_client.api.put_archive(sandbox_id, "/", tar_of(host_dir, inside))
+
     def commit(self, sandbox_id: str, tag: str, *,
                labels: Mapping[str, str] | None = None) -> str:
         """``docker commit`` (paused while it runs). The image keeps the
@@ -444,7 +452,7 @@ class DockerBackend(SandboxBackend):
 
 def _container_config(image: str, *, limits: Limits, network: str,
                       run_dir: str | None, env: dict, labels: dict, command: list,
-                      cap_add: list) -> dict:
+                      cap_add: list, binds: Mapping[str, str] | None = None) -> dict:
     """``containers.create`` arguments: under docker-init, every capability
     dropped but ``cap_add``, no new privileges, the limits, the run dir bound."""
     import docker.types
@@ -454,6 +462,8 @@ def _container_config(image: str, *, limits: Limits, network: str,
         run_dir = os.path.abspath(run_dir)
         os.makedirs(run_dir, mode=0o755, exist_ok=True)
         mounts.append(docker.types.Mount(CONTAINER_RUN_DIR, run_dir, type="bind"))
+    for host, inside in sorted((binds or {}).items()):
+        mounts.append(docker.types.Mount(inside, os.path.abspath(host), type="bind", read_only=True))
     config = dict(
         image=image, command=command, detach=True, init=True, network_mode=network,
         cap_drop=["ALL"], cap_add=cap_add or None, security_opt=["no-new-privileges"],
@@ -479,3 +489,4 @@ def _map_state(state: str) -> SandboxStatus:
 
 def _explain(exc) -> str:
     return str(getattr(exc, "explanation", None) or exc)
+

@@ -209,6 +209,7 @@ class HostDirBackend(SandboxBackend):
         labels: Mapping[str, str] | None = None,
         command: Sequence[str] | None = None,
         cap_add: Sequence[str] = (),
+        binds: Mapping[str, str] | None = None,
     ) -> str:
         validate_create_args(agent_id, image, network)
         try:
@@ -242,6 +243,7 @@ class HostDirBackend(SandboxBackend):
                 "env": {str(k): str(v) for k, v in (env or {}).items()},
                 "labels": {**(labels or {}), LABEL_MANAGED: "1", LABEL_AGENT: str(agent_id)},
                 "command": list(command or PLACEHOLDER_COMMAND),
+                "binds": {str(k): str(v) for k, v in (binds or {}).items()},
                 "created": time.time(),
             }
             self._prepare(staging, meta)

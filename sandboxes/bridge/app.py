@@ -11,8 +11,11 @@ from pathlib import Path
 
 from . import config as cfg
 from .forward import Forwarder
+from .harness import Harness
 from .hooks import Hooks
 from .ops import Ops
+from .pi import PiHarness
+from .pi_rpc import PI_TOOLS, PiCommand
 from .redact import RedactingFilter, Redactor
 from .providers import make_provider
 from .requests import Requests
@@ -43,6 +46,7 @@ def main(argv=None) -> int:
         config = cfg.load_config(args.run_dir, args.config)
         environ = _environ(args.run_dir, config)
         provider = make_provider(config, environ)
+        cfg.harness_config(config)
     except (ValueError, OSError) as exc:
         log.error("bad configuration: %s", exc)
         return EXIT_CONFIG
@@ -98,9 +102,12 @@ def _serve(args, config: dict, provider, file: SessionFile, environ: dict) -> in
     return _shutdown(runner, server)
 
 
-def _make_runner(args, config, provider, session, requests, environ: dict) -> Runner:
+def _make_runner(args, config, provider, session, requests, environ: dict) -> Harness:
     secrets = cfg.secret_env_names(config)
     tool_env = {k: v for k, v in environ.items() if k not in secrets}
+    harness = cfg.harness_config(config)
+    if harness is not None:
+        return _make_pi(args, config, provider, session, tool_env, harness)
     limits = config.get("limits") or {}
     names = ("bash_timeout", "bash_timeout_max", "request_timeout")
     tool_limits = ToolLimits(**{k: float(limits[k]) for k in names if k in limits})
@@ -114,7 +121,17 @@ def _make_runner(args, config, provider, session, requests, environ: dict) -> Ru
                   system=config.get("system") or SYSTEM_PROMPT)
 
 
-def _shutdown(runner: Runner, server: BridgeServer) -> int:
+def _make_pi(args, config, provider, session, tool_env: dict, harness: dict) -> PiHarness:
+    enabled = config.get("tools")
+    tools = tuple(t for t in PI_TOOLS if enabled is None or t in enabled)
+    command = PiCommand(node=harness["node"], cli=harness["cli"], home=args.home,
+                        base_url=tool_env["OPENAI_BASE_URL"], api_key=cfg.GATEWAY_KEY,
+                        label=provider.label, tools=tools, env=tool_env)
+    return PiHarness(session, Hooks(config.get("hooks"), args.home, tool_env), provider.label,
+                     command, args.run_dir)
+
+
+def _shutdown(runner: Harness, server: BridgeServer) -> int:
     log.info("bridge shutting down")
     runner.stop()
     server.shutdown()

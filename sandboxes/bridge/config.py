@@ -19,6 +19,7 @@ DEFAULTS = {
     "system": None,       # system prompt override
     "redact": [],         # bound credentials [{"name", "env"}]: their values never written
     "gateway": None,      # {"port": 0}: models through the control plane's gateway (forward.py)
+    "harness": None,      # None: the built-in one; {"name": "pi", "node", "cli"} (pi.py)
 }
 
 #: The key a harness is given when it calls through the gateway: a placeholder,
@@ -74,6 +75,21 @@ def gateway_env(port: int) -> dict[str, str]:
     base = f"http://127.0.0.1:{port}"
     return {"OPENAI_BASE_URL": f"{base}/v1", "ANTHROPIC_BASE_URL": base,
             "OPENAI_API_KEY": GATEWAY_KEY, "ANTHROPIC_API_KEY": GATEWAY_KEY}
+
+
+def harness_config(config: dict) -> dict | None:
+    """The harness the config names (None: the built-in one); ValueError when it is wrong."""
+    harness = config.get("harness")
+    if harness is None or harness == "builtin":
+        return None
+    if not isinstance(harness, dict) or harness.get("name") != "pi":
+        raise ValueError('harness must be {"name": "pi", "node": <path>, "cli": <path>}')
+    for key in ("node", "cli"):
+        if not isinstance(harness.get(key), str) or not harness[key]:
+            raise ValueError(f"harness.{key} must be a path")
+    if not config.get("gateway"):
+        raise ValueError('the pi harness calls its model through the gateway: "gateway" is needed')
+    return harness
 
 
 def load_seed(path: str) -> tuple[list, int | None]:
