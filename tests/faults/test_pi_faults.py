@@ -8,7 +8,8 @@ Pi's conversation continues: the gateway's journal (`model.call`) shows the
 last call carrying more than the first one did.
 
 ALINEO_FAULT_SEED reproduces a run; ALINEO_FAULT_PI_ITERATIONS sets the
-number of kills per backend (default 10)."""
+number of kills per backend (default 4: the make test budget; raise it for a
+longer soak)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from tests.faults.harness import (
     World, cleanup_sandboxes, excerpt, fault_cases, kill_bridge, make_server, remove_sandbox)
 
 SEED = int(os.environ.get("ALINEO_FAULT_SEED") or random.SystemRandom().randrange(1, 2**31))
-ITERATIONS = int(os.environ.get("ALINEO_FAULT_PI_ITERATIONS") or 10)
+ITERATIONS = int(os.environ.get("ALINEO_FAULT_PI_ITERATIONS") or 4)
 PI = {"harness": "pi", "model": "demo"}
 
 
