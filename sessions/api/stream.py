@@ -124,7 +124,7 @@ class Allowed:
         return (self.user_id, self.workspace_id)
 
 
-def _stream_user(authorization: str | None, session_user):
+def stream_user(authorization: str | None, session_user):
     """The bearer token's user, else the session's; an ApiError 401 for neither."""
     user = user_from_bearer(authorization)
     if user is None and session_user is not None and session_user.is_authenticated:
@@ -137,7 +137,7 @@ def _stream_user(authorization: str | None, session_user):
 @database_sync_to_async
 def _authorize(authorization: str | None, session_user, agent_id: str) -> Allowed:
     """Who asks for which agent's stream, or an ApiError (401 / 404)."""
-    user = _stream_user(authorization, session_user)
+    user = stream_user(authorization, session_user)
     agent = visible_agent(user, agent_id)
     if agent is None:
         raise not_found("agent")
@@ -205,7 +205,7 @@ class TranscriptStream(AsyncHttpConsumer):
     async def _check_request(self) -> int:
         if self.scope.get("method") != "GET":
             raise ApiError(405, "method.not_allowed", "The stream answers GET only.")
-        agent_id = self.scope["url_route"]["kwargs"]["agent_id"]
+        agent_id = self.scope["url_route"]["kwargs"].get("agent_id", "")
         user = self.scope.get("user")
         allowed = await self.authorize(_header(self.scope, b"authorization"), user, agent_id)
         self.agent_id = allowed.agent_id
@@ -365,7 +365,7 @@ class TranscriptStream(AsyncHttpConsumer):
 
 @database_sync_to_async
 def _authorize_session(authorization: str | None, session_user, session_id: str) -> Allowed:
-    user = _stream_user(authorization, session_user)
+    user = stream_user(authorization, session_user)
     row = (SandboxSession.objects.filter(pk=session_id[:32], workspace__members=user)
            .values_list("workspace_id", "workspace__name", "workspace__max_streams_per_user")
            .first())
