@@ -200,7 +200,12 @@ class TranscriptStream(AsyncHttpConsumer):
         except ApiError as exc:
             await self._refuse(exc)
             raise StopConsumer()
-        await self._open(cursor)
+        try:
+            await self._open(cursor)
+        except DatabaseError:  # a tree tail's first read (sessions/api/tree_tail.py)
+            log.warning("stream: cannot open, database unavailable", exc_info=True)
+            await self._refuse(ApiError(503, "service.unavailable", "The database is unavailable; retry."))
+            raise StopConsumer()
 
     async def _check_request(self) -> int:
         if self.scope.get("method") != "GET":

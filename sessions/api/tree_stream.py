@@ -31,8 +31,9 @@ from .tree_tail import TREE_TAILS
 def _authorize_workspace(authorization: str | None, session_user, name: str) -> Allowed:
     user = stream_user(authorization, session_user)
     if name:
-        # A NUL is refused by PostgreSQL in a query (a 500): no workspace has one.
-        workspace = None if "\x00" in name else workspaces_of(user).filter(name=name[:100]).first()
+        # A NUL is refused by PostgreSQL in a query (a 500).
+        bad = "\x00" in name or len(name) > 100  # no workspace has such a name
+        workspace = None if bad else workspaces_of(user).filter(name=name).first()
         if workspace is None:
             raise not_found("workspace")
     else:

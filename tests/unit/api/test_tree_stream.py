@@ -15,6 +15,7 @@ import asyncio
 
 import pytest
 from channels.db import database_sync_to_async
+from django.db import DatabaseError
 
 from sessions import journal, wakeups
 from sessions.api import tree_tail
@@ -101,6 +102,7 @@ async def test_anonymous_is_401_another_workspace_404_no_workspace_403(
         (tree(None), 401, "auth.required"),
         (tree(outsider_token), 404, "not_found"),
         (tree(outsider_token, name="nope"), 404, "not_found"),
+        (tree(outsider_token, name="globex" + "x" * 100), 404, "not_found"),
         (tree(loner_token, name="", path="/api/agents/stream"), 403, "workspace.none"),
     ]
     for client, status, code in cases:
@@ -204,6 +206,16 @@ async def test_a_reconnect_resumes_from_its_cursor(workspace, owner, agent, owne
             await client.close()
     finally:
         await keeper.close()
+
+
+async def test_a_database_that_cannot_be_read_is_a_503_not_a_500(agent, owner_token, monkeypatch):
+    async def unreadable(*args):
+        raise DatabaseError("database is locked")
+
+    monkeypatch.setattr(tree_tail.TREE_TAILS, "reader", unreadable)
+    client = tree(owner_token)
+    await client.finished()
+    assert client.status == 503 and b"service.unavailable" in client.body
 
 
 async def test_a_bad_cursor_is_a_400(agent, owner_token):
