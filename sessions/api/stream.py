@@ -162,6 +162,12 @@ class TranscriptStream(AsyncHttpConsumer):
 
     #: Whose journal is streamed (SandboxSessionStream streams another).
     tails = TAILS
+    #: No channel of its own: the stream never receives on one (its tail is
+    #: subscribed for it), and on channels_redis the cancelled receive of an
+    #: unused per-stream channel kept every closed stream's task alive for up
+    #: to 5 s (what made tests/unit/api/test_stream_fanout.py take 170 s on
+    #: PostgreSQL + Redis). An alias that names no layer: channels skips it.
+    channel_layer_alias = "alineo.streams-need-no-channel"
 
     async def authorize(self, authorization: str | None, session_user, target_id: str) -> Allowed:
         return await _authorize(authorization, session_user, target_id)
