@@ -28,3 +28,9 @@ def format_reset(head: int) -> bytes:
     # reconnect resumes from there instead of being reset again.
     data = json.dumps({"head": head, "reason": "cursor_beyond_head"})
     return f"id: {head}\nevent: reset\ndata: {data}\n\n".encode()
+
+
+def format_frame(seq: int, etype: str, data: dict) -> bytes:
+    """Any other event: `etype` is ours (no line break), `data` one JSON line."""
+    body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"id: {seq}\nevent: {etype}\ndata: {body}\n\n".encode()

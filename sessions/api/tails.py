@@ -127,8 +127,7 @@ class Tail:
             # The default prefix: channels_redis reads every process-local channel
             # through one key per prefix, and only the default one is read for sure.
             self.channel = await layer.new_channel()
-            await layer.group_add(wakeups.group_name(self.agent_id), self.channel)
-            wakeups.watch(self.agent_id)
+            await self.subscribe(layer)
             wakeups.ensure_started()
             self.tasks = [asyncio.create_task(self._listen(layer)),
                           asyncio.create_task(self._heartbeat())]
@@ -138,6 +137,11 @@ class Tail:
                 self.ready.set_exception(exc)
             raise
 
+    async def subscribe(self, layer) -> None:
+        """Join the wake-up groups (and the watcher's list) of what we read."""
+        await layer.group_add(wakeups.group_name(self.agent_id), self.channel)
+        wakeups.watch(self.agent_id)
+
     async def stop(self) -> None:
         self.closed = True
         for task in self.tasks + ([self.flusher] if self.flusher else []):
@@ -145,11 +149,17 @@ class Tail:
                 task.cancel()
         if self.channel is None:
             return
-        wakeups.unwatch(self.agent_id)
+        layer = get_channel_layer()
         try:
-            await get_channel_layer().group_discard(wakeups.group_name(self.agent_id), self.channel)
+            for group in self.unwatch():
+                await layer.group_discard(group, self.channel)
         except Exception:  # pragma: no cover - the layer expires it anyway
             log.warning("tail %s: group_discard failed", self.agent_id, exc_info=True)
+
+    def unwatch(self) -> list[str]:
+        """Stop the watcher looking on our behalf; the groups to leave."""
+        wakeups.unwatch(self.agent_id)
+        return [wakeups.group_name(self.agent_id)]
 
     # --- joining ----------------------------------------------------------------------
 
@@ -266,15 +276,16 @@ class Tails:
     """The tails of this process, by agent id (or sandbox session id: each
     journal its own Tails and reader). Used from the serving loop only."""
 
-    def __init__(self, reader=read_page):
+    def __init__(self, reader=read_page, tail_class: type[Tail] = Tail):
         self.by_agent: dict[str, Tail] = {}
         self.reader = reader
+        self.tail_class = tail_class  # a workspace's tree has its own (sessions/api/tree_tail.py)
 
     async def acquire(self, agent_id: str) -> Tail:
         """The agent's tail, subscribed to its wake-ups; release it when done."""
         tail = self.by_agent.get(agent_id)
         if tail is None or tail.closed:
-            tail = self.by_agent[agent_id] = Tail(agent_id, self.reader)
+            tail = self.by_agent[agent_id] = self.tail_class(agent_id, self.reader)
             tail.starter = asyncio.create_task(self._start(tail))  # held: the loop keeps weak refs
         tail.holders += 1
         try:

@@ -1,5 +1,12 @@
 /* Alineo dashboard: relative times, per-form Idempotency-Keys, a busy check for
-   polled fragments, and the live transcript.
+   polled fragments, the live tree and the live transcript.
+
+   The tree: each workspace's list is drawn with its cursor (data-cursor, the
+   tree seq) and follows /api/workspaces/{name}/stream from it. A `node` event
+   is one agent's node drawn by the server (the page's own template): it
+   replaces the old one, or goes under its parent; `tree` is every node (draw
+   again). A node the operator is using (a form open, a field focused) is
+   updated once they leave it.
 
    The transcript: the page is drawn with its latest page and its cursor
    (data-cursor, the last seq rendered). A fetch-based SSE reader follows
@@ -68,6 +75,119 @@
     if (input && e.detail.successful) input.value = newKey();
   });
   document.addEventListener("htmx:afterSwap", function (e) { A.refreshTimes(e.detail.target); });
+
+  // --- server-sent events over fetch (every event type, our own reconnects) --------
+  // handlers: open(), event(id, type, data), status(code, body) -> true when handled
+  A.follow = function (url, cursor, handlers) {
+    var delay = 500;
+    function retry() {
+      handlers.state("reconnecting");
+      setTimeout(connect, delay); delay = Math.min(delay * 2, 4000);
+    }
+    function connect() {
+      var u = new URL(url, location.href), at = String(cursor());
+      u.searchParams.set("after", at);
+      fetch(u, {credentials: "same-origin", cache: "no-store",
+                headers: {"Accept": "text/event-stream", "Last-Event-ID": at}})
+        .then(function (resp) {
+          if (resp.status === 401) {
+            location.href = "/accounts/login/?next=" + encodeURIComponent(location.pathname); return;
+          }
+          if (resp.status === 404) { handlers.state("gone"); return; }
+          if (resp.status === 429) {  // quota.streams: say so, and try again slowly
+            return resp.json().catch(function () { return {}; }).then(function (body) {
+              handlers.state("quota", body.message || "Too many open streams.");
+              setTimeout(connect, 10000);
+            });
+          }
+          if (!resp.ok || !resp.body) throw new Error("HTTP " + resp.status);
+          handlers.state("live"); delay = 500;
+          if (handlers.open) handlers.open();
+          var reader = resp.body.getReader(), dec = new TextDecoder(), buf = "";
+          function read() {
+            return reader.read().then(function (r) {
+              if (r.done) throw new Error("stream ended");
+              buf += dec.decode(r.value, {stream: true}).replace(/\r\n?/g, "\n");
+              var i;
+              while ((i = buf.indexOf("\n\n")) >= 0) {
+                var block = buf.slice(0, i); buf = buf.slice(i + 2);
+                var id = null, type = "message", data = [];
+                block.split("\n").forEach(function (line) {
+                  if (line.indexOf("id:") === 0) id = line.slice(3).trim();
+                  else if (line.indexOf("event:") === 0) type = line.slice(6).trim();
+                  else if (line.indexOf("data:") === 0) data.push(line.slice(5).replace(/^ /, ""));
+                });
+                if (id !== null && /^[0-9]+$/.test(id)) handlers.event(parseInt(id, 10), type, data.join("\n"));
+              }
+              return read();
+            });
+          }
+          return read();
+        })
+        .catch(retry);
+    }
+    connect();
+  };
+
+  // --- the live tree -----------------------------------------------------------------
+  function LiveTree(box) {
+    var self = this;
+    self.box = box;
+    self.list = box.querySelector("ul.tree");
+    self.cursor = parseInt(box.dataset.cursor || "0", 10);
+    self.waiting = {};  // agent id -> a node held back while the operator uses the old one
+    ["focusout", "toggle", "htmx:afterRequest"].forEach(function (name) {
+      box.addEventListener(name, function () { setTimeout(function () { self.release(); }, 0); }, true);
+    });
+    A.follow(box.dataset.streamUrl, function () { return self.cursor; }, {
+      state: function (state) { box.dataset.state = state; },
+      event: function (id, type, data) {
+        var body; try { body = JSON.parse(data); } catch (e) { return; }
+        if (type === "node") self.put(body);
+        else if (type === "tree") self.redraw(body.nodes);
+        else return;
+        self.cursor = id; box.dataset.cursor = String(id);
+      }
+    });
+  }
+  LiveTree.prototype.put = function (node) {
+    var li = document.getElementById("node-" + node.agent);
+    var old = li && li.querySelector(":scope > .node");
+    if (old && A.busy(old)) { this.waiting[node.agent] = node; return; }
+    delete this.waiting[node.agent];
+    var t = document.createElement("template"); t.innerHTML = node.html.trim();
+    var fresh = t.content.firstElementChild;
+    // Drawn once for every viewer: each form here gets a key of its own.
+    fresh.querySelectorAll("input[name=idempotency_key]").forEach(function (i) { i.value = newKey(); });
+    if (!li) {
+      li = document.createElement("li"); li.id = "node-" + node.agent;
+      var parent = node.parent && document.getElementById("node-" + node.parent), under = this.list;
+      if (parent) {
+        under = parent.querySelector(":scope > ul");
+        if (!under) under = parent.appendChild(document.createElement("ul"));
+      }
+      under.appendChild(li);
+      var empty = document.getElementById("tree-empty"); if (empty) empty.remove();
+    }
+    li.dataset.status = node.status;
+    if (old) li.replaceChild(fresh, old); else li.insertBefore(fresh, li.firstChild);
+    if (window.htmx) htmx.process(fresh);
+    A.refreshTimes(fresh);
+  };
+  LiveTree.prototype.redraw = function (nodes) {
+    var keep = {};
+    nodes.forEach(function (n) { keep["node-" + n.agent] = true; });
+    this.list.querySelectorAll("li[id^=node-]").forEach(function (li) { if (!keep[li.id]) li.remove(); });
+    var self = this;
+    nodes.forEach(function (n) { self.put(n); });
+  };
+  LiveTree.prototype.release = function () {
+    var self = this;
+    Object.keys(self.waiting).forEach(function (id) {
+      var li = document.getElementById("node-" + id), old = li && li.querySelector(":scope > .node");
+      if (!old || !A.busy(old)) self.put(self.waiting[id]);
+    });
+  };
 
   // --- the live transcript -------------------------------------------------------
   function Transcript(box) {
@@ -139,58 +259,17 @@
       setTimeout(function () { self.pull(); }, 1000);
     });
   };
-  // Follow the SSE stream with fetch (every event type, our own reconnects).
+  // Follow the SSE stream: each event only says how far the transcript goes.
   Transcript.prototype.follow = function () {
-    var self = this, delay = 500;
-    function retry() {
-      self.setState("reconnecting");
-      setTimeout(connect, delay); delay = Math.min(delay * 2, 4000);
-    }
-    function connect() {
-      var u = new URL(self.streamUrl, location.href);
-      u.searchParams.set("after", String(self.head));
-      fetch(u, {credentials: "same-origin", cache: "no-store",
-                headers: {"Accept": "text/event-stream", "Last-Event-ID": String(self.head)}})
-        .then(function (resp) {
-          if (resp.status === 401) {
-            location.href = "/accounts/login/?next=" + encodeURIComponent(location.pathname); return;
-          }
-          if (resp.status === 404) { self.setState("gone"); return; }
-          if (resp.status === 429) {  // quota.streams: say so, and try again slowly
-            return resp.json().catch(function () { return {}; }).then(function (body) {
-              self.setState("quota", body.message || "Too many open streams.");
-              setTimeout(connect, 10000);
-            });
-          }
-          if (!resp.ok || !resp.body) throw new Error("HTTP " + resp.status);
-          self.setState("live"); delay = 500;
-          self.pull();
-          var reader = resp.body.getReader(), dec = new TextDecoder(), buf = "";
-          function read() {
-            return reader.read().then(function (r) {
-              if (r.done) throw new Error("stream ended");
-              buf += dec.decode(r.value, {stream: true}).replace(/\r\n?/g, "\n");
-              var i;
-              while ((i = buf.indexOf("\n\n")) >= 0) {
-                var block = buf.slice(0, i); buf = buf.slice(i + 2);
-                var id = null;
-                block.split("\n").forEach(function (line) {
-                  if (line.indexOf("id:") === 0) id = line.slice(3).trim();
-                });
-                if (id !== null && /^[0-9]+$/.test(id)) {
-                  var seq = parseInt(id, 10);
-                  if (seq > self.head) self.head = seq;
-                  self.pull();
-                }
-              }
-              return read();
-            });
-          }
-          return read();
-        })
-        .catch(retry);
-    }
-    connect();
+    var self = this;
+    A.follow(self.streamUrl, function () { return self.head; }, {
+      state: function (state, message) { self.setState(state, message); },
+      open: function () { self.pull(); },
+      event: function (seq) {
+        if (seq > self.head) self.head = seq;
+        self.pull();
+      }
+    });
   };
   // Older pages: when the top sentinel shows (or its button is pressed).
   Transcript.prototype.watchOlder = function () {
@@ -234,5 +313,9 @@
   document.addEventListener("DOMContentLoaded", function () {
     var box = document.getElementById("transcript");
     if (box) A.transcript = new Transcript(box);
+    A.trees = [];
+    document.querySelectorAll(".ws-tree[data-stream-url]").forEach(function (el) {
+      A.trees.push(new LiveTree(el));
+    });
   });
 })();

@@ -1,8 +1,8 @@
 """Streams that fan out (issue 14): one shared tail per agent per process.
 
 In process, through the real consumer (sessions.api.stream.TranscriptStream)
-and the real database; each stream is driven by a small ASGI client below
-whose `send` can be held shut, as a client that stops reading would.
+and the real database; each stream is driven by a small ASGI client
+(tests/unit/api/sse_asgi.py) whose `send` can be held shut, as a client that stops reading would.
 
 - a query counter: N streams on one agent, one commit -> one journal read;
 - the hand-over: a stream catching up on a long backlog while commits keep
@@ -15,73 +15,17 @@ whose `send` can be held shut, as a client that stops reading would.
 from __future__ import annotations
 
 import asyncio
-import re
 
 import pytest
 from channels.db import database_sync_to_async
-from django.db.backends import utils as db_utils
 
 from sessions import journal, wakeups
 from sessions.api import tails
-from sessions.api.stream import TranscriptStream
 from sessions.models import Event, Workspace
 
+from .sse_asgi import Client, count_queries
+
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
-
-WAIT = 10.0
-_ID = re.compile(rb"^id: (\d+)$", re.M)
-
-
-class Client:
-    """One SSE stream on the consumer; `hold()` stops it reading (its sends block)."""
-
-    def __init__(self, agent_id: str, token: str, after: int | None = None):
-        query = b"" if after is None else f"after={after}".encode()
-        self.scope = {
-            "type": "http", "method": "GET", "path": f"/api/agents/{agent_id}/stream",
-            "query_string": query, "headers": [(b"authorization", f"Bearer {token}".encode())],
-            "url_route": {"args": (), "kwargs": {"agent_id": agent_id}},
-        }
-        self.inbox: asyncio.Queue = asyncio.Queue()
-        self.open_gate = asyncio.Event()
-        self.open_gate.set()
-        self.body = bytearray()
-        self.status: int | None = None
-        self.task: asyncio.Task | None = None
-
-    def start(self) -> "Client":
-        self.task = asyncio.create_task(TranscriptStream.as_asgi()(self.scope, self.inbox.get, self.send))
-        self.inbox.put_nowait({"type": "http.request", "body": b""})
-        return self
-
-    async def send(self, message: dict) -> None:
-        if message["type"] == "http.response.start":
-            self.status = message["status"]
-            return
-        await self.open_gate.wait()
-        self.body += message.get("body", b"")
-
-    def hold(self) -> None:
-        self.open_gate.clear()
-
-    def let_go(self) -> None:
-        self.open_gate.set()
-
-    def ids(self) -> list[int]:
-        return [int(m) for m in _ID.findall(bytes(self.body))]
-
-    async def until(self, seq: int, timeout: float = WAIT) -> list[int]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not self.ids() or self.ids()[-1] < seq:
-            assert loop.time() < deadline, f"stream stopped at {self.ids()[-3:]}, waiting for {seq}"
-            await asyncio.sleep(0.005)
-        return self.ids()
-
-    async def close(self) -> None:
-        self.let_go()
-        await self.inbox.put({"type": "http.disconnect"})
-        await asyncio.wait_for(self.task, 5)
 
 
 @pytest.fixture
@@ -111,20 +55,9 @@ async def closing(clients) -> None:
 
 @pytest.fixture
 def event_reads(monkeypatch):
-    """Counts SELECTs on the event table, from any thread (the one that serves
-    database_sync_to_async included)."""
+    """Counts SELECTs on the event table."""
     table = Event._meta.db_table
-    counted = {"n": 0}
-    real = db_utils.CursorWrapper._execute
-
-    def execute(self, sql, params, *ignored):
-        text = str(sql)
-        if text.lstrip().upper().startswith("SELECT") and table in text:
-            counted["n"] += 1
-        return real(self, sql, params, *ignored)
-
-    monkeypatch.setattr(db_utils.CursorWrapper, "_execute", execute)
-    return counted
+    return count_queries(monkeypatch, lambda sql: sql.lstrip().upper().startswith("SELECT") and table in sql)
 
 
 # --- one read per commit --------------------------------------------------------------
