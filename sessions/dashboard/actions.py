@@ -106,6 +106,8 @@ def command(request, agent_id: str, verb: str):
             text = f"{what} sent (transcript #{outcome.body.get('seq')})."
             if replayed:
                 text = f"{what} was already sent by this click (#{outcome.body.get('seq')}); not sent twice."
+            if verb == "pause":
+                text += " The current step finishes first."
             note = ("success", text)
     agent.refresh_from_db()
     forms = action_forms()
