@@ -11,6 +11,7 @@ from django.views.decorators.http import require_GET
 
 from .. import inputs, journal
 from ..models import AgentLease, Event
+from . import restores
 from .actions import action_forms
 from .common import agent_or_404, agent_version, bad_request, login_required, summarize
 
@@ -32,9 +33,14 @@ def side_context(agent) -> dict:
     checkpoints = [c for c in agent.checkpoints.filter(deleted_at=None).order_by("-created_at")
                    [:HISTORY] if c.expires_under(days) > now]  # what a restore could still use
     return {
-        "restores": [{"seq": s, "type": t, "data": d, "ts": ts} for s, t, d, ts in restores],
+        "restores": [_restore(s, t, d, ts) for s, t, d, ts in restores],
         "checkpoints": checkpoints,
     }
+
+
+def _restore(seq, etype, data, ts) -> dict:
+    fact = {"seq": seq, "type": etype, "data": data, "ts": ts}
+    return {**fact, "rung": restores.rung_of(fact), "outcome": restores.outcome(fact)}
 
 
 def agent_context(agent) -> dict:
@@ -73,7 +79,7 @@ def agent_live(request, agent_id: str):
     agent = agent_or_404(request.user, agent_id)
     if request.GET.get("v") == agent_version(agent):
         return HttpResponse(status=204)
-    return render(request, "sessions/_agent_live.html", agent_context(agent))
+    return render(request, "sessions/_agent_live.html", {**agent_context(agent), **action_forms()})
 
 
 @require_GET

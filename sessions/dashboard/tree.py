@@ -4,6 +4,7 @@ version it was drawn at and gets a 204 while nothing changed."""
 
 from __future__ import annotations
 
+from django.db.models import OuterRef, Subquery
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
@@ -13,21 +14,25 @@ from sandboxes.backends import get_backend
 from ..access import workspaces_of
 from ..forms import TextCommandForm
 from ..models import Event
+from . import restores
 from .common import login_required, summarize, tree_version, visible_agents
 
 
 def tree_context(user) -> dict:
     version = tree_version(user)  # before the rows: a change in between only re-polls
-    agents = list(visible_agents(user))
+    last_ts = Event.objects.filter(agent=OuterRef("pk"), seq=OuterRef("last_seq")).values("ts")[:1]
+    agents = list(visible_agents(user).annotate(last_ts=Subquery(last_ts)))
     by_parent: dict[str | None, list] = {}
     for agent in agents:
         by_parent.setdefault(agent.parent_id, []).append(agent)
 
     origins = fork_origins([a.id for a in agents])
+    notable = restores.notable([a.id for a in agents])
 
     def build(parent_id):
         return [
-            {**summarize(a), "forked_from": origins.get(a.id), "children": build(a.id)}
+            {**summarize(a), "forked_from": origins.get(a.id), "restore": notable.get(a.id),
+             "last_activity": a.last_ts or a.created_at, "children": build(a.id)}
             for a in by_parent.get(parent_id, [])
         ]
 

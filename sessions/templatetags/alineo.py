@@ -12,6 +12,7 @@ from django import template
 from django.utils.html import format_html
 
 from sessions.access import AGENT_ID
+from sessions.dashboard import restores
 from sessions.worker.plans import REBUILD_REASONS
 
 register = template.Library()
@@ -212,6 +213,12 @@ def restore_sentence(data) -> str:
     if rung == "rebuild" and reason in REBUILD_REASONS:
         text += f"; its files are not back: {REBUILD_REASONS[reason]}"
     return text + "."
+
+
+@register.filter
+def restore_outcome(data) -> str:
+    """A restore (the state's last one, or a fact's data) as what was lost, in plain words."""
+    return restores.outcome({"type": "agent.restored", "data": data if isinstance(data, dict) else {}})
 
 
 def _call_meta(data: dict) -> str:

@@ -68,6 +68,16 @@
     if (input && e.detail.successful) input.value = newKey();
   });
   document.addEventListener("htmx:afterSwap", function (e) { A.refreshTimes(e.detail.target); });
+  // The agent page's live poll redraws the buttons out of band as the status
+  // moves (Steer only while a turn runs): not while the operator uses them, and
+  // the answer to their last command stays.
+  document.addEventListener("htmx:oobBeforeSwap", function (e) {
+    var target = e.detail.target, fresh = e.detail.fragment && e.detail.fragment.firstElementChild;
+    if (!target || !target.classList || !target.classList.contains("actions")) return;
+    if (A.busy(target)) { e.preventDefault(); return; }
+    var note = target.querySelector(":scope > .note");
+    if (note && fresh && !fresh.querySelector(".note")) fresh.appendChild(note.cloneNode(true));
+  });
 
   // --- the live transcript -------------------------------------------------------
   function Transcript(box) {
@@ -129,6 +139,9 @@
         self.box.dataset.cursor = String(self.cursor);
         A.refreshTimes(self.rows);
         if (stick) self.box.scrollTop = self.box.scrollHeight;
+        // The header follows the transcript now, not at its next 2 s poll.
+        var head = document.getElementById("agent-live");
+        if (head && window.htmx) htmx.trigger(head, "alineo:rows");
       }
       if (self.cursor > self.head) self.head = self.cursor;
       self.pulling = false;

@@ -57,3 +57,15 @@ def test_pause_says_the_current_step_finishes_first(logged_in, make_agent):
     assert "current step finishes first" in html
     response = logged_in.post(f"/agents/{agent.id}/pause", HTTP_HX_REQUEST="true")
     assert "current step finishes first" in response.content.decode()
+
+
+def test_the_live_poll_redraws_the_buttons_when_a_turn_starts(logged_in, make_agent):
+    from sessions import journal
+
+    agent = make_agent(facts=IDLE)
+    assert "steer" not in buttons(logged_in.get(f"/agents/{agent.id}/").content.decode(), agent.id)
+    journal.append_many(agent.id, [("turn.started", {"turn": 2})])
+    live = logged_in.get(f"/agents/{agent.id}/live").content.decode()
+    actions = live[live.index(f'id="actions-{agent.id}"') - 80:]
+    assert 'hx-swap-oob="true"' in actions[:200]
+    assert buttons(actions, agent.id) == {"prompt", "steer", "interrupt", "pause", "stop"}
