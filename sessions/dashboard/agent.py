@@ -11,7 +11,9 @@ from django.views.decorators.http import require_GET
 
 from .. import inputs, journal
 from ..models import AgentLease, Event
+from ..templatetags.alineo import event_view
 from . import restores
+from . import transcript
 from .actions import action_forms
 from .common import agent_or_404, agent_version, bad_request, login_required, summarize
 
@@ -23,7 +25,7 @@ HISTORY = 20
 
 def side_context(agent) -> dict:
     """The side panel: restore history and live checkpoints."""
-    restores = list(
+    facts = list(
         Event.objects.filter(agent=agent, type__in=("agent.restored", "agent.lost"))
         .order_by("-seq")
         .values_list("seq", "type", "data", "ts")[:HISTORY]
@@ -33,7 +35,7 @@ def side_context(agent) -> dict:
     checkpoints = [c for c in agent.checkpoints.filter(deleted_at=None).order_by("-created_at")
                    [:HISTORY] if c.expires_under(days) > now]  # what a restore could still use
     return {
-        "restores": [_restore(s, t, d, ts) for s, t, d, ts in restores],
+        "restores": [_restore(s, t, d, ts) for s, t, d, ts in facts],
         "checkpoints": checkpoints,
     }
 
@@ -65,6 +67,7 @@ def agent_page(request, agent_id: str):
         **agent_context(agent),
         **action_forms(),
         "events": page.events,
+        "rows": transcript.rows(agent.id, page.events, event_view),
         "cursor": page.last_seq or 0,
         "first": page.first_seq or 0,
         "has_older": page.has_more,
@@ -97,7 +100,9 @@ def agent_rows(request, agent_id: str):
         page = journal.page_before(agent.id, before, OLDER_PAGE)
     else:
         page = journal.page_after(agent.id, after, NEWER_PAGE)
-    response = render(request, "sessions/_event_rows.html", {"events": page.events})
+    response = render(request, "sessions/_event_rows.html",
+                      {"rows": transcript.rows(agent.id, page.events, event_view,
+                                               after_screen=after is not None)})
     response["X-Alineo-First"] = str(page.first_seq or 0)
     response["X-Alineo-Last"] = str(page.last_seq or 0)
     response["X-Alineo-Has-More"] = "1" if page.has_more else "0"

@@ -15,6 +15,7 @@ from django.shortcuts import render
 from .. import journal
 from ..access import visible_agent, workspaces_of
 from ..models import ENDED, Agent, AgentStatus
+from . import restores
 
 
 def _is_fragment(request) -> bool:
@@ -74,8 +75,9 @@ def summarize(agent: Agent) -> dict:
     except journal.Unrecoverable as exc:
         info.update(status=AgentStatus.UNRECOVERABLE.value, reason=str(exc), ended=True)
         return info
-    info.update(turn=state.get("current_turn"), turns=state.get("turns"),
-                last_restore=state.get("last_restore"))
+    last = state.get("last_restore")
+    info.update(turn=state.get("current_turn"), turns=state.get("turns"), last_restore=last,
+                last_restore_outcome=restores.outcome({"data": last}) if last else "")
     return info
 
 

@@ -12,7 +12,6 @@ from django import template
 from django.utils.html import format_html
 
 from sessions.access import AGENT_ID
-from sessions.dashboard import restores
 from sessions.worker.plans import REBUILD_REASONS
 
 register = template.Library()
@@ -115,6 +114,13 @@ def status_badge(status: str):
 
 
 @register.filter
+def isots(value) -> str:
+    """ISO 8601 UTC with microseconds (data-ts: alineo.js times tool calls with it)."""
+    value = _aware(value)
+    return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ") if value else ""
+
+
+@register.filter
 def filesize(n) -> str:
     try:
         n = float(n)
@@ -145,9 +151,23 @@ def _is_long(text: str) -> bool:
     return len(text) > LONG_CHARS or text.count("\n") >= LONG_LINES
 
 
-def _block(label: str, value) -> dict:
+def _block(label: str, value, long: bool | None = None) -> dict:
     text = _raw(value)
-    return {"label": label, "text": text, "long": _is_long(text), "size": len(text)}
+    return {"label": label, "text": text, "long": _is_long(text) if long is None else long,
+            "size": len(text), "bytes": filesize(len(text.encode("utf-8", "replace"))),
+            "lines": text.count("\n") + 1}
+
+
+def _tool_input(name, value) -> list[dict]:
+    """A tool call's input as the operator reads it: the command of ``run``, the
+    path (and text) of the file tools, else the JSON."""
+    value = value if isinstance(value, dict) else {"input": value}
+    if name == "run" and isinstance(value.get("command"), str):
+        return [_block("command", "$ " + value["command"])]
+    if isinstance(value.get("path"), str) and set(value) <= {"path", "content", "old", "new"}:
+        rest = {k: v for k, v in value.items() if k != "path"}
+        return [_block("path", value["path"])] + [_block(k, v) for k, v in sorted(rest.items())]
+    return [_block("input", value)]
 
 
 _TITLES = {
@@ -215,12 +235,6 @@ def restore_sentence(data) -> str:
     return text + "."
 
 
-@register.filter
-def restore_outcome(data) -> str:
-    """A restore (the state's last one, or a fact's data) as what was lost, in plain words."""
-    return restores.outcome({"type": "agent.restored", "data": data if isinstance(data, dict) else {}})
-
-
 def _call_meta(data: dict) -> str:
     """provider · tokens in/out · cost · latency of a ``model.call`` (docs/GATEWAY.md)."""
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
@@ -248,20 +262,33 @@ def event_view(event) -> dict:
         if data.get("model") == "demo" or data.get("provider") == "demo":
             view["meta"] = (view["meta"] + " · demo model").strip(" ·")
     elif etype == "tool.dispatched":
-        view["meta"] = f"{data.get('name', '?')} · {data.get('tool_call_id', '')}"
-        view["blocks"] = [_block("input", data.get("input", {}))]
+        view["title"] = f"Tool call · {data.get('name', '?')}"
+        view["meta"] = str(data.get("tool_call_id", ""))
+        view["blocks"] = _tool_input(data.get("name"), data.get("input", {}))
     elif etype == "tool.result":
         code = data.get("exit_code", data.get("exit"))
-        view["meta"] = f"{data.get('tool_call_id', '')}" + ("" if code is None else f" · exit {code}")
+        view["meta"] = ("" if code is None else f"exit {code}") + (
+            " · interrupted" if data.get("interrupted") else "")
         view["failed"] = code not in (None, 0)
         view["blocks"] = [_block("output", data.get("output", ""))]
+        if isinstance(data.get("stderr"), str) and data["stderr"]:
+            view["blocks"].append(_block("stderr", data["stderr"]))
     elif etype == "agent.status":
         view["status"] = str(data.get("status", ""))
         view["meta"] = str(data.get("reason", ""))
     elif etype == "agent.restored":
         view["text"] = restore_sentence(data)
         view["meta"] = f"rung {data.get('rung', '?')} · {data.get('reason', '')}"
-    elif etype in ("turn.finished", "turn.interrupted", "turn.started", "agent.lost"):
+    elif etype in ("turn.started", "turn.finished", "turn.interrupted"):
+        # The turn's text is already on screen, message by message: shown once.
+        n = data.get("turn")
+        view["title"] = {"turn.started": "Turn {}", "turn.finished": "Turn {} finished",
+                         "turn.interrupted": "Turn {} interrupted"}[etype].format(n if n is not None else "")
+        if etype == "turn.interrupted":
+            view["meta"] = str(data.get("reason", "")).replace("_", " ")
+            if data.get("text"):
+                view["blocks"] = [_block("text that survived", data["text"], long=True)]
+    elif etype == "agent.lost":
         view["text"] = str(data.get("text", "") or data.get("reason", ""))
     elif etype == "agent.spawned":
         spec = data.get("spec") or {}

@@ -79,6 +79,76 @@
     if (note && fresh && !fresh.querySelector(".note")) fresh.appendChild(note.cloneNode(true));
   });
 
+  // --- the transcript by turns (sessions/dashboard/transcript.py) ---------------
+  // Rows stay one per seq; these fold them for reading, whatever order they
+  // arrived in (the page, live rows, older pages): a run's streamed chunks into
+  // its first row (the final text replaces them), a tool result into its call.
+  function all(root, sel) { return Array.prototype.slice.call(root.querySelectorAll(sel)); }
+  function quoted(v) { return '"' + (window.CSS && CSS.escape ? CSS.escape(v) : v.replace(/["\\]/g, "")) + '"'; }
+  A.stitch = function (list, run) {
+    var rows = all(list, "li[data-run=" + quoted(run) + "]"), text = "", final = null;
+    rows.forEach(function (li) {
+      var chunk = li.querySelector(".chunk"); chunk = chunk ? chunk.textContent : "";
+      if (li.dataset.final === "1") final = chunk; else text += chunk;
+    });
+    rows.forEach(function (li, i) {
+      li.classList.toggle("run-head", i === 0); li.classList.toggle("merged", i > 0);
+      var box = li.querySelector(".msg-text");
+      if (box) box.textContent = i === 0 ? (final !== null ? final : text) : "";
+    });
+  };
+  function took(ms) { return ms < 1000 ? Math.max(0, Math.round(ms)) + " ms" : (ms / 1000).toFixed(1) + " s"; }
+  A.pair = function (list, id) {
+    var call = list.querySelector("li[data-call=" + quoted(id) + "]");
+    var result = list.querySelector("li[data-result-of=" + quoted(id) + "]");
+    if (!call || !result) return;
+    var slot = call.querySelector(".tool-slot");
+    if (!slot || slot.dataset.filled === result.dataset.seq) return;
+    var ms = Date.parse(result.dataset.ts) - Date.parse(call.dataset.ts);
+    var dur = result.querySelector(".duration"); if (dur && !isNaN(ms)) dur.textContent = "took " + took(ms);
+    var box = document.createElement("div");
+    box.className = "tool-result" + (result.classList.contains("failed") ? " failed" : "");
+    var line = document.createElement("div"); line.className = "small tool-status";
+    var meta = result.querySelector(".meta");
+    line.textContent = "#" + result.dataset.seq + " result" + (meta ? " · " + meta.textContent : "") +
+                       (dur && dur.textContent ? " · " + dur.textContent : "");
+    box.appendChild(line);
+    var blocks = result.querySelector(".blocks"); if (blocks) box.appendChild(blocks.cloneNode(true));
+    slot.innerHTML = ""; slot.appendChild(box); slot.dataset.filled = result.dataset.seq;
+    result.classList.add("merged");
+  };
+  A.fold = function (list, added) {
+    var runs = {}, calls = {};
+    added.forEach(function (li) {
+      if (li.dataset.run) runs[li.dataset.run] = 1;
+      if (li.dataset.call) calls[li.dataset.call] = 1;
+      if (li.dataset.resultOf) calls[li.dataset.resultOf] = 1;
+    });
+    Object.keys(runs).forEach(function (r) { A.stitch(list, r); });
+    Object.keys(calls).forEach(function (c) { A.pair(list, c); });
+  };
+  document.addEventListener("click", function (e) {
+    var button = e.target.closest && e.target.closest("[data-copy]");
+    if (!button) return;
+    var pre = button.parentElement.querySelector("pre"), text = pre ? pre.textContent : "";
+    function done(ok) { button.textContent = ok ? "Copied" : "Copy failed: select the text"; }
+    if (navigator.clipboard && navigator.clipboard.writeText) {
+      navigator.clipboard.writeText(text).then(function () { done(true); }, function () { done(false); });
+    } else { done(false); }
+  });
+  function systemToggle(box) {
+    var toggle = document.getElementById("show-system");
+    if (!toggle) return;
+    var saved = null;
+    try { saved = localStorage.getItem("alineo.showSystem"); } catch (err) { /* private mode */ }
+    toggle.checked = saved === "1";
+    function apply() {
+      box.classList.toggle("show-sys", toggle.checked);
+      try { localStorage.setItem("alineo.showSystem", toggle.checked ? "1" : "0"); } catch (err) { /* ignore */ }
+    }
+    toggle.addEventListener("change", apply); apply();
+  }
+
   // --- the live transcript -------------------------------------------------------
   function Transcript(box) {
     this.box = box;
@@ -90,6 +160,8 @@
     this.hasOlder = box.dataset.hasOlder === "1";
     this.pulling = false; this.loadingOlder = false;
     this.rowsUrl = box.dataset.rowsUrl; this.streamUrl = box.dataset.streamUrl;
+    systemToggle(box);
+    A.fold(this.rows, all(this.rows, "li[data-seq]"));
     box.scrollTop = box.scrollHeight;
     this.watchOlder();
     this.follow();
@@ -126,13 +198,15 @@
     self.pulling = true;
     var stick = self.atBottom();
     self.fetchRows("after", self.cursor).then(function (page) {
-      var added = 0;
+      var added = [];
       page.rows.forEach(function (li) {
         var seq = parseInt(li.dataset.seq, 10);
         if (seq <= self.cursor || document.getElementById("row-" + seq)) return;  // never twice
         if (seq !== self.cursor + 1) return;  // never skip: only the next seq may follow
-        self.rows.appendChild(li); self.cursor = seq; added++;
+        self.rows.appendChild(li); self.cursor = seq; added.push(li);
       });
+      A.fold(self.rows, added);
+      added = added.length;
       if (added) {
         var empty = document.getElementById("no-events"); if (empty) empty.remove();
         if (!self.first) self.first = parseInt(self.rows.firstElementChild.dataset.seq, 10);
@@ -223,14 +297,15 @@
     self.loadingOlder = true;
     self.fetchRows("before", self.first).then(function (page) {
       var box = self.box, fromBottom = box.scrollHeight - box.scrollTop;
-      var frag = document.createDocumentFragment(), firstSeq = self.first;
+      var frag = document.createDocumentFragment(), firstSeq = self.first, added = [];
       page.rows.forEach(function (li) {
         var seq = parseInt(li.dataset.seq, 10);
         if (seq < self.first && !document.getElementById("row-" + seq)) {
-          frag.appendChild(li); firstSeq = Math.min(firstSeq, seq);
+          frag.appendChild(li); firstSeq = Math.min(firstSeq, seq); added.push(li);
         }
       });
       self.rows.insertBefore(frag, self.rows.firstChild);
+      A.fold(self.rows, added);
       box.scrollTop = box.scrollHeight - fromBottom;  // the reading position stays put
       self.first = firstSeq; self.box.dataset.first = String(firstSeq);
       self.hasOlder = page.hasMore && firstSeq > 1;

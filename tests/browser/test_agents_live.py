@@ -42,7 +42,7 @@ def test_spawn_watch_reply_and_steer(server, actor, page):
     # The sleep keeps the worker's turn running long enough to steer it.
     agent = spawn_in_ui(page, server, "say: hello from the demo\nsleep: 8")
     page.locator("#transcript[data-state=live]").wait_for()
-    page.locator("#rows > li[data-type='command.prompt']").wait_for()
+    page.locator("#rows > li[data-type='command.prompt']").wait_for(state="attached")  # a system event
 
     started = page.locator("#rows > li[data-type='turn.started']").first
     try:
@@ -63,7 +63,7 @@ def test_spawn_watch_reply_and_steer(server, actor, page):
     page.dblclick(f"#steer-send-{agent}")  # a double click acts once
     page.locator(f"#actions-{agent} .note-success").wait_for()
     steer_rows = page.locator("#rows > li[data-type='command.steer']")
-    steer_rows.first.wait_for()
+    steer_rows.first.wait_for(state="attached")  # a command echo: a system event
     if source == "test":
         append(server, agent, [
             ["steer.delivered", {"text": "please also say goodbye"}],
