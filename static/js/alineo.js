@@ -32,8 +32,10 @@
     (root || document).querySelectorAll("time[data-rel]").forEach(function (t) {
       var ms = Date.parse(t.dateTime); if (!isNaN(ms)) t.textContent = rel(ms);
     });
+    var stopped = document.body && document.body.classList.contains("server-away");
     (root || document).querySelectorAll("time[data-elapsed]").forEach(function (t) {
-      var ms = Date.parse(t.dateTime); if (!isNaN(ms)) t.textContent = elapsed(ms);
+      t.classList.toggle("stopped", stopped);  // a timer we cannot vouch for does not run
+      var ms = Date.parse(t.dateTime); if (!isNaN(ms) && !stopped) t.textContent = elapsed(ms);
     });
   };
   setInterval(function () { A.refreshTimes(document); }, 5000);
@@ -49,6 +51,45 @@
   document.addEventListener("htmx:beforeRequest", function (e) {
     var el = e.detail.elt;
     if (el && el.matches && el.matches("[data-poll-when-idle]") && A.busy(el)) e.preventDefault();
+  });
+
+  // --- honest when the server is away ------------------------------------------
+  // While the transcript's stream is down or a poll gets no answer: a banner,
+  // commands disabled, timers stopped, statuses greyed (body.server-away). A
+  // command whose request got no answer says it was not sent.
+  var away = {stream: false, poll: false};
+  A.setAway = function (source, isAway) {
+    away[source] = isAway;
+    var on = away.stream || away.poll;
+    document.body.classList.toggle("server-away", on);
+    var banner = document.getElementById("server-banner");
+    if (banner) banner.hidden = !on || (away.stream && !!document.getElementById("stream-banner"));
+    document.querySelectorAll(".actions button, .actions textarea").forEach(function (el) {
+      if (on && !el.disabled) { el.disabled = true; el.dataset.awayDisabled = "1"; }
+      else if (!on && el.dataset.awayDisabled) { el.disabled = false; delete el.dataset.awayDisabled; }
+    });
+    A.refreshTimes(document);
+  };
+  function notSent(form) {
+    var actions = form.closest(".actions");
+    // The live poll may have redrawn the buttons meanwhile: say it where they are now.
+    if (actions && actions.id && !document.contains(actions)) actions = document.getElementById(actions.id);
+    if (!actions) return false;
+    actions.querySelectorAll(":scope > .note").forEach(function (n) { n.remove(); });
+    var p = document.createElement("p");
+    p.className = "note note-error small"; p.setAttribute("role", "alert");
+    p.textContent = "Not sent: the server did not answer. Nothing was done; try again when it is back.";
+    actions.appendChild(p);
+    return true;
+  }
+  document.addEventListener("htmx:sendError", function (e) {
+    var form = e.detail.elt.closest ? e.detail.elt.closest("form") : null;
+    if (form) notSent(form);
+    A.setAway("poll", true);
+  });
+  document.addEventListener("htmx:afterRequest", function (e) {
+    var xhr = e.detail.xhr;
+    if (xhr && xhr.status > 0 && xhr.status < 500) A.setAway("poll", false);
   });
 
   // --- Idempotency-Key: one per drawn form; a double click sends it twice -----
@@ -172,6 +213,7 @@
     if (!this.banner.dataset.text) this.banner.dataset.text = this.banner.textContent;
     this.banner.textContent = state === "quota" ? message : this.banner.dataset.text;
     this.banner.hidden = state !== "reconnecting" && state !== "quota";
+    if (state === "reconnecting" || state === "live") A.setAway("stream", state === "reconnecting");
   };
   Transcript.prototype.fetchRows = function (param, seq) {
     var url = this.rowsUrl + "?" + param + "=" + seq;
