@@ -10,7 +10,8 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from .. import inputs, journal
-from ..models import AgentLease, Event
+from ..access import AGENT_ID
+from ..models import Agent, AgentLease, Event
 from ..templatetags.alineo import event_view
 from . import restores
 from . import transcript
@@ -21,6 +22,8 @@ FIRST_PAGE = 100
 OLDER_PAGE = 300
 NEWER_PAGE = 500
 HISTORY = 20
+INHERITED = 200
+CONVERSATION = ("message.user", "message.assistant", "steer.delivered")
 
 
 def side_context(agent) -> dict:
@@ -37,7 +40,35 @@ def side_context(agent) -> dict:
     return {
         "restores": [_restore(s, t, d, ts) for s, t, d, ts in facts],
         "checkpoints": checkpoints,
+        "fork": fork_origin(agent),
     }
+
+
+def fork_origin(agent) -> dict | None:
+    """Where a fork came from, as its first fact records it (sessions/commands/fork.py)."""
+    data = Event.objects.filter(agent=agent, seq=1).values_list("data", flat=True).first()
+    origin = data.get("fork") if isinstance(data, dict) else None
+    if not isinstance(origin, dict) or not AGENT_ID.fullmatch(str(origin.get("agent"))):
+        return None  # else {% url %} would raise
+    through = origin.get("through_seq") if origin.get("checkpoint") else origin.get("at_event")
+    return {**origin, "through": through if isinstance(through, int) else 0}
+
+
+def inherited(agent, origin: dict | None) -> dict | None:
+    """The conversation a fork started with: its source's messages through the
+    fork point (the latest INHERITED of them), read from the source's transcript."""
+    if not origin or not origin["through"]:
+        return None
+    source = Agent.objects.filter(pk=origin["agent"], workspace=agent.workspace_id).first()
+    if source is None:
+        return None
+    rows = list(Event.objects.filter(agent=source, seq__lte=origin["through"],
+                                     type__in=CONVERSATION).order_by("-seq")[:INHERITED])
+    return {"source": source, "messages": [
+        {"seq": e.seq, "who": "You" if e.type != "message.assistant" else "Assistant",
+         "steer": e.type == "steer.delivered",
+         "text": str((e.data or {}).get("text", "")) if isinstance(e.data, dict) else ""}
+        for e in reversed(rows)], "cut": len(rows) == INHERITED}
 
 
 def _restore(seq, etype, data, ts) -> dict:
@@ -63,9 +94,11 @@ def _driving_worker(agent) -> str | None:
 def agent_page(request, agent_id: str):
     agent = agent_or_404(request.user, agent_id)
     page = journal.page_before(agent.id, agent.last_seq + 1, FIRST_PAGE)
+    info = agent_context(agent)
     context = {
-        **agent_context(agent),
+        **info,
         **action_forms(),
+        "inherited": inherited(agent, info["fork"]),
         "events": page.events,
         "rows": transcript.rows(agent.id, page.events, event_view),
         "cursor": page.last_seq or 0,

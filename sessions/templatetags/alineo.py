@@ -10,27 +10,47 @@ from datetime import datetime, timezone
 
 from django import template
 from django.utils.html import format_html
+from django.utils.safestring import mark_safe
 
 from sessions.access import AGENT_ID
 from sessions.worker.plans import REBUILD_REASONS
 
 register = template.Library()
 
-# Label, and a glyph so a status never relies on colour alone.
-STATUS = {
-    "starting": ("Starting", "◌"),
-    "running": ("Running", "▶"),
-    "idle": ("Idle", "●"),
-    "paused": ("Paused", "⏸"),
-    "interrupted": ("Interrupted", "⏹"),
-    "restoring": ("Restoring", "↻"),
-    "stopped": ("Stopped", "■"),
-    "lost": ("Lost", "✕"),
-    "unrecoverable": ("Unrecoverable", "⚠"),
-    "ready": ("Ready", "●"),  # sandbox sessions (sessions/dashboard/sandboxes.py)
-    "failed": ("Failed", "⚠"),
-    "removed": ("Removed", "■"),
+# Label, and an icon so a status never relies on colour alone. Icons are inline
+# SVG: a font without ⏸ or ⏹ drew them as empty boxes.
+_SHAPES = {
+    "dot": '<circle cx="8" cy="8" r="5"/>',
+    "ring": '<circle cx="8" cy="8" r="5" fill="none" stroke="currentColor" stroke-width="2" stroke-dasharray="3 2"/>',
+    "play": '<path d="M4 2.5v11l9.5-5.5z"/>',
+    "pause": '<path d="M3.5 2.5h3v11h-3zM9.5 2.5h3v11h-3z"/>',
+    "stop": '<path d="M3 3h10v10H3z"/>',
+    "halt": '<path d="M3 3h10v10H3z" fill="none" stroke="currentColor" stroke-width="2"/>',
+    "cycle": '<path d="M8 2a6 6 0 1 0 6 6h-2a4 4 0 1 1-4-4v2.5L11.5 3 8 0z"/>',
+    "cross": '<path d="M3.5 2 8 6.5 12.5 2 14 3.5 9.5 8l4.5 4.5-1.5 1.5L8 9.5 3.5 14 2 12.5 6.5 8 2 3.5z"/>',
+    "warn": '<path d="M8 1 15 14H1zM7 6v4h2V6zm0 5v2h2v-2z"/>',
 }
+STATUS = {
+    "starting": ("Starting", "ring"),
+    "running": ("Running", "play"),
+    "idle": ("Idle", "dot"),
+    "paused": ("Paused", "pause"),
+    "interrupted": ("Interrupted", "halt"),
+    "restoring": ("Restoring", "cycle"),
+    "stopped": ("Stopped", "stop"),
+    "lost": ("Lost", "cross"),
+    "unrecoverable": ("Unrecoverable", "warn"),
+    "ready": ("Ready", "dot"),  # sandbox sessions (sessions/dashboard/sandboxes.py)
+    "failed": ("Failed", "warn"),
+    "removed": ("Removed", "stop"),
+}
+
+
+def icon(shape: str):
+    """An inline SVG icon in the text's colour (decorative: the label says it)."""
+    return mark_safe(  # noqa: S308 - constant markup from _SHAPES, no input in it
+        '<svg class="icon" viewBox="0 0 16 16" width="11" height="11" fill="currentColor" '
+        f'aria-hidden="true" focusable="false">{_SHAPES.get(shape, _SHAPES["dot"])}</svg>')
 
 LONG_CHARS = 600
 LONG_LINES = 12
@@ -106,10 +126,10 @@ def elapsed_since(value):
 
 @register.filter
 def status_badge(status: str):
-    label, glyph = STATUS.get(status, (str(status).title(), "•"))
+    label, shape = STATUS.get(status, (str(status).title(), "dot"))
     return format_html(
         '<span class="badge status-{}" data-status="{}"><span aria-hidden="true">{}</span> {}</span>',
-        status, status, glyph, label,
+        status, status, icon(shape), label,
     )
 
 
