@@ -134,7 +134,7 @@ def agent_rows(request, agent_id: str):
     else:
         page = journal.page_after(agent.id, after, NEWER_PAGE)
     response = render(request, "sessions/_event_rows.html",
-                      {"rows": transcript.rows(agent.id, page.events, event_view,
+                      {"agent": agent, "rows": transcript.rows(agent.id, page.events, event_view,
                                                after_screen=after is not None)})
     response["X-Alineo-First"] = str(page.first_seq or 0)
     response["X-Alineo-Last"] = str(page.last_seq or 0)

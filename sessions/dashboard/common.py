@@ -10,7 +10,8 @@ from urllib.parse import quote, urlsplit
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpResponse
-from django.shortcuts import render
+from django.contrib import messages
+from django.shortcuts import redirect, render
 
 from .. import journal
 from ..access import visible_agent, workspaces_of
@@ -53,6 +54,17 @@ def _page_of(url: str) -> str:
 def bad_request(request, message: str) -> HttpResponse:
     """The readable 400 page (templates/400.html) for a request the dashboard refuses."""
     return render(request, "400.html", {"message": message}, status=400)
+
+
+def open_new_agent(request, outcome, done: str, again: str):
+    """After a spawn or a fork: say so (or that this click had already done it),
+    then open the new agent's page."""
+    agent_id = outcome.body["id"]
+    if outcome.replayed:
+        messages.info(request, f"{again} {agent_id} for this click.")
+    else:
+        messages.success(request, f"{done} {agent_id}.")
+    return redirect("dash-agent", agent_id=agent_id)
 
 
 def agent_or_404(user, agent_id: str) -> Agent:

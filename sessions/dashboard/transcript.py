@@ -109,6 +109,7 @@ def rows(agent_id: str, events, view_of, after_screen: bool = False) -> list[dic
                 head["text"] = v["chunk"] if v["final"] else head["text"] + v["chunk"]
             if v["final"]:
                 heads[run]["has_final"] = True
+        v["fork_here"] = ev.type in ("turn.finished", "turn.interrupted")
         if ev.type == "tool.dispatched":
             v["call"] = str(data.get("tool_call_id", ""))
         elif ev.type == "tool.result":

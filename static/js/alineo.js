@@ -114,8 +114,9 @@
   // the answer to their last command stays.
   document.addEventListener("htmx:oobBeforeSwap", function (e) {
     var target = e.detail.target, fresh = e.detail.fragment && e.detail.fragment.firstElementChild;
-    if (!target || !target.classList || !target.classList.contains("actions")) return;
-    if (A.busy(target)) { e.preventDefault(); return; }
+    if (!target || !target.classList) return;
+    if (A.busy(target)) { e.preventDefault(); return; }  // a form open or focused there
+    if (!target.classList.contains("actions")) return;
     var note = target.querySelector(":scope > .note");
     if (note && fresh && !fresh.querySelector(".note")) fresh.appendChild(note.cloneNode(true));
   });

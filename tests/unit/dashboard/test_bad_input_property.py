@@ -106,7 +106,8 @@ def post_requests(draw, ids):
     ))
     fields = draw(st.dictionaries(
         st.sampled_from(["example", "spec", "prompt", "parent", "text", "idempotency_key",
-                         "compact", "next", "username", "password", "junk"]),
+                         "compact", "next", "username", "password", "junk", "checkpoint",
+                         "at_event", "name"]),
         st.one_of(hostile_text, st.sampled_from(["demo", "demo-checkpoint", "say: hi", *ids])),
         max_size=5,
     ))

@@ -1,0 +1,49 @@
+"""Every action where the operator looks (issue 15, bugs 6 and 8, Build 2): an
+idle agent offers no Steer or Interrupt, Stop asks first, "fork from here" makes
+a named fork whose page says it is a fork and shows what it inherited; status
+icons are drawn (inline SVG), not empty boxes."""
+
+import pytest
+
+from .conftest import screenshot
+
+pytestmark = pytest.mark.live
+
+TURN = [("agent.spawned", {"spec": {"model": "demo", "name": "builder"}}),
+        ("turn.started", {"turn": 1}),
+        ("message.user", {"turn": 1, "text": "write the parser"}),
+        ("message.assistant", {"turn": 1, "text": "the parser is written"}),
+        ("turn.finished", {"turn": 1, "text": "the parser is written"})]
+
+
+def test_fork_from_here_and_stop_with_confirmation(server, actor, page):
+    agent = server.create_agent(actor, TURN)
+    page.goto(f"{server.url}/agents/{agent}/")
+    page.locator("#transcript[data-state=live]").wait_for()
+    # Idle: the same buttons as the tree, no Steer or Interrupt.
+    assert page.locator(f"#steer-open-{agent}").count() == 0
+    assert page.locator(f"#interrupt-{agent}").count() == 0
+    icon = page.locator("#agent-live .badge svg")
+    assert icon.count() == 1 and icon.bounding_box()["width"] > 0
+
+    page.click("#fork-open-at_event-5")
+    page.fill("#fork-name-at_event-5", "try-b")
+    screenshot(page, "fork-from-here")
+    page.click("#fork-at_event-5")
+    page.wait_for_url(f"**/agents/ag_*/")
+    fork = page.url.rstrip("/").rsplit("/", 1)[1]
+    assert fork != agent
+    assert "try-b" in page.locator("h1").inner_text()
+    assert "Fork of" in page.locator("#fork-origin").inner_text()
+    assert "Started as a fork of" in page.locator("#side").inner_text()
+    page.click("#inherited summary")
+    inherited = page.locator("#inherited").inner_text()
+    assert "write the parser" in inherited and "the parser is written" in inherited
+
+    # Stop asks first: the button is inside a confirmation that says what stays.
+    page.goto(f"{server.url}/agents/{agent}/")
+    assert page.locator(f"#stop-{agent}").is_hidden()
+    page.click(f"#stop-open-{agent}")
+    assert "transcript and checkpoints stay" in page.locator(f"#actions-{agent} .confirm-box").inner_text()
+    page.click(f"#stop-{agent}")
+    page.locator(f"#actions-{agent} .note-success", has_text="Stop sent").wait_for()
