@@ -9,8 +9,8 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from .. import inputs, journal
-from ..access import AGENT_ID
+from .. import approvals, inputs, journal
+from ..access import AGENT_ID, may_approve
 from ..models import Agent, AgentLease, Event
 from ..templatetags.alineo import event_view
 from . import restores
@@ -76,11 +76,20 @@ def _restore(seq, etype, data, ts) -> dict:
     return {**fact, "rung": restores.rung_of(fact), "outcome": restores.outcome(fact)}
 
 
-def agent_context(agent) -> dict:
+def agent_context(agent, user) -> dict:
     info = summarize(agent)
     children = list(agent.children.order_by("created_at", "id"))
     return {**info, **side_context(agent), "children": children, "version": agent_version(agent),
-            "worker": _driving_worker(agent)}
+            "worker": _driving_worker(agent), "approval": _approval(agent, user)}
+
+
+def _approval(agent, user) -> dict | None:
+    """The held credentials the agent waits for, and whether this user may approve them."""
+    state = approvals.state_of(agent)
+    if not state.waiting:
+        return None
+    return {"missing": state.missing, "reason": (state.requested or {}).get("reason", ""),
+            "may_approve": may_approve(user)}
 
 
 def _driving_worker(agent) -> str | None:
@@ -94,7 +103,7 @@ def _driving_worker(agent) -> str | None:
 def agent_page(request, agent_id: str):
     agent = agent_or_404(request.user, agent_id)
     page = journal.page_before(agent.id, agent.last_seq + 1, FIRST_PAGE)
-    info = agent_context(agent)
+    info = agent_context(agent, request.user)
     context = {
         **info,
         **action_forms(),
@@ -115,7 +124,8 @@ def agent_live(request, agent_id: str):
     agent = agent_or_404(request.user, agent_id)
     if request.GET.get("v") == agent_version(agent):
         return HttpResponse(status=204)
-    return render(request, "sessions/_agent_live.html", {**agent_context(agent), **action_forms()})
+    return render(request, "sessions/_agent_live.html",
+                  {**agent_context(agent, request.user), **action_forms()})
 
 
 @require_GET

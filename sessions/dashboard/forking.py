@@ -1,10 +1,12 @@
-"""Fork from where the operator looks: a checkpoint in the side panel, or a
+"""Fork, and approve held credentials, from where the operator looks: a checkpoint in the side panel, or a
 settled turn in the transcript ("fork from here"), each behind a confirmation
 with a name field. Through sessions.commands.fork, as the API, with the form's
 Idempotency-Key; the new agent's page follows."""
 
 from __future__ import annotations
 
+from django.contrib import messages
+from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
 from .. import commands
@@ -28,3 +30,23 @@ def fork(request, agent_id: str):
         response.status_code = exc.status
         return response
     return open_new_agent(request, outcome, f"Forked {agent.id} as", "Already forked")
+
+
+@require_POST
+@login_required
+def approve(request, agent_id: str):
+    """Approve the held credentials the agent waits for, with a reason; who
+    approved and why are journaled (credential.approved)."""
+    agent = agent_or_404(request.user, agent_id)
+    reason = request.POST.get("reason", "")
+    key = request.headers.get("Idempotency-Key") or request.POST.get("idempotency_key") or None
+    try:
+        outcome = commands.approve(request.user, agent.id, {"reason": reason}, key)
+    except commands.CommandRefused as exc:
+        response = bad_request(request, exc.message)
+        response.status_code = exc.status
+        return response
+    waiting = outcome.body.get("waiting_for") or []
+    messages.success(request, "Approved: the sandbox starts now." if not waiting
+                     else f"Approved; still waiting for {', '.join(waiting)}.")
+    return redirect("dash-agent", agent_id=agent.id)
