@@ -92,6 +92,24 @@
     if (xhr && xhr.status > 0 && xhr.status < 500) A.setAway("poll", false);
   });
 
+  // --- habits: Ctrl/Cmd+Enter sends the form being typed in ----------------------
+  document.addEventListener("keydown", function (e) {
+    if (e.key !== "Enter" || !(e.ctrlKey || e.metaKey)) return;
+    var t = e.target;
+    if (!t || !t.matches || !t.matches("textarea")) return;
+    var form = t.closest("form"), send = form && form.querySelector("button[type=submit]");
+    if (!send || send.disabled) return;
+    e.preventDefault();
+    if (form.requestSubmit) form.requestSubmit(send); else send.click();
+  });
+  // The composer keeps its place under the transcript: emptied once its prompt was taken.
+  document.addEventListener("htmx:afterRequest", function (e) {
+    var form = e.detail.elt.closest ? e.detail.elt.closest("form.composer-form") : null;
+    if (form && e.detail.successful && e.detail.xhr.status < 300) {
+      var text = form.querySelector("textarea"); if (text) text.value = "";
+    }
+  });
+
   // --- Idempotency-Key: one per drawn form; a double click sends it twice -----
   function newKey() {
     if (window.crypto && crypto.randomUUID) return crypto.randomUUID();

@@ -47,3 +47,26 @@ def test_fork_from_here_and_stop_with_confirmation(server, actor, page):
     assert "transcript and checkpoints stay" in page.locator(f"#actions-{agent} .confirm-box").inner_text()
     page.click(f"#stop-{agent}")
     page.locator(f"#actions-{agent} .note-success", has_text="Stop sent").wait_for()
+
+
+def test_the_composer_under_the_transcript_sends_on_ctrl_enter(server, actor, page):
+    agent = server.create_agent(actor, TURN)
+    page.goto(f"{server.url}/agents/{agent}/")
+    page.locator("#transcript[data-state=live]").wait_for()
+    composer = page.locator(f"#composer-prompt-text-{agent}")
+    below = page.evaluate("""() => document.getElementById('composer').getBoundingClientRect().top
+        >= document.getElementById('transcript').getBoundingClientRect().bottom""")
+    assert below, "the composer sits under the transcript"
+    composer.fill("say: sent with the keyboard")
+    composer.press("Control+Enter")
+    page.locator(f"#actions-{agent} .note-success", has_text="Prompt sent").wait_for()
+    assert composer.input_value() == ""
+    page.locator("#rows > li[data-type='command.prompt']").wait_for(state="attached")
+
+
+def test_dark_mode_follows_the_system(server, actor, new_page):
+    page = new_page(actor)
+    page.emulate_media(color_scheme="dark")
+    page.goto(server.url + "/")
+    background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+    assert background == "rgb(20, 24, 29)", background
