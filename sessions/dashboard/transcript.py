@@ -92,7 +92,7 @@ def rows(agent_id: str, events, view_of, after_screen: bool = False) -> list[dic
         heads = {run: {"has_final": False, "text": ""} for run in set(run_of.values())
                  if run < events[0].seq}
     for ev in events:
-        v = dict(view_of(ev))
+        v = dict(view_of(ev), seq=ev.seq, ts=ev.ts)
         v["sys"] = is_system(ev.type)
         v["turn"] = _turn(ev.data)
         data = ev.data if isinstance(ev.data, dict) else {}

@@ -9,7 +9,7 @@ import json
 from datetime import datetime, timezone
 
 from django import template
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from sessions.access import AGENT_ID
@@ -131,6 +131,30 @@ def status_badge(status: str):
         '<span class="badge status-{}" data-status="{}"><span aria-hidden="true">{}</span> {}</span>',
         status, status, icon(shape), label,
     )
+
+
+@register.filter
+def row_tag(r) -> str:
+    """The opening <li> of a transcript row (sessions/_event_rows.html), built in one
+    go: a 300-row page resolves far fewer template variables this way."""
+    ev, v = r["ev"], r["v"]
+    attrs = [("id", f"row-{ev.seq}"), ("data-seq", ev.seq), ("data-type", ev.type),
+             ("data-ts", isots(ev.ts))]
+    if v.get("turn") is not None:
+        attrs.append(("data-turn", v["turn"]))
+    if v.get("run"):
+        attrs.append(("data-run", v["run"]))
+        if v.get("final"):
+            attrs.append(("data-final", "1"))
+    for key, name in (("call", "data-call"), ("result_of", "data-result-of")):
+        if v.get(key):
+            attrs.append((name, v[key]))
+    classes = ["row", f"kind-{v['kind']}"]
+    classes += [c for c, on in (("failed", v.get("failed")), ("sys", v.get("sys"))) if on]
+    if v.get("run"):
+        classes.append("run-head" if v.get("head") else "merged")
+    attrs.append(("class", " ".join(classes)))
+    return format_html("<li{}>", format_html_join("", ' {}="{}"', attrs))
 
 
 @register.filter
