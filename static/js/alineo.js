@@ -209,6 +209,36 @@
     toggle.addEventListener("change", apply); apply();
   }
 
+  // Opt-in browser notifications when a turn ends (or the agent is lost), for
+  // rows that arrive live; the page's own rows never notify.
+  var ENDS = {"turn.finished": "finished", "turn.interrupted": "was interrupted", "agent.lost": "is lost"};
+  function notifyOn() {
+    try { return localStorage.getItem("alineo.notify") === "1" && Notification.permission === "granted"; }
+    catch (err) { return false; }
+  }
+  function notifyToggle() {
+    var button = document.getElementById("notify-toggle");
+    if (!button || !("Notification" in window)) return;
+    function label() { button.textContent = notifyOn() ? "Notifications on (turn ends)" : "Notify me when a turn ends"; }
+    button.hidden = false; label();
+    button.addEventListener("click", function () {
+      if (notifyOn()) { localStorage.setItem("alineo.notify", "0"); label(); return; }
+      Promise.resolve(Notification.requestPermission()).then(function (p) {
+        if (p === "granted") localStorage.setItem("alineo.notify", "1");
+        label();
+      });
+    });
+  }
+  A.notifyEnds = function (box, added) {
+    if (!notifyOn()) return;
+    added.forEach(function (li) {
+      var what = ENDS[li.dataset.type];
+      if (!what) return;
+      var turn = li.dataset.turn ? "Turn " + li.dataset.turn + " " : "";
+      new Notification((turn || "The agent ") + what + " · " + box.dataset.agent, {tag: "alineo-" + li.dataset.seq});
+    });
+  };
+
   // --- the live transcript -------------------------------------------------------
   function Transcript(box) {
     this.box = box;
@@ -220,7 +250,7 @@
     this.hasOlder = box.dataset.hasOlder === "1";
     this.pulling = false; this.loadingOlder = false;
     this.rowsUrl = box.dataset.rowsUrl; this.streamUrl = box.dataset.streamUrl;
-    systemToggle(box);
+    systemToggle(box); notifyToggle();
     A.fold(this.rows, all(this.rows, "li[data-seq]"));
     box.scrollTop = box.scrollHeight;
     this.watchOlder();
@@ -267,6 +297,7 @@
         self.rows.appendChild(li); self.cursor = seq; added.push(li);
       });
       A.fold(self.rows, added);
+      A.notifyEnds(self.box, added);
       added = added.length;
       if (added) {
         var empty = document.getElementById("no-events"); if (empty) empty.remove();

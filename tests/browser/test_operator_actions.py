@@ -70,3 +70,29 @@ def test_dark_mode_follows_the_system(server, actor, new_page):
     page.goto(server.url + "/")
     background = page.evaluate("getComputedStyle(document.body).backgroundColor")
     assert background == "rgb(20, 24, 29)", background
+
+
+RECORD_NOTIFICATIONS = """
+window.__notes = [];
+window.Notification = function (title) { window.__notes.push(title); };
+window.Notification.permission = 'granted';
+window.Notification.requestPermission = function () { return Promise.resolve('granted'); };
+"""
+
+
+def test_opt_in_notification_when_a_turn_ends(server, actor, page):
+    # The browser's notification centre is not observable headless: the page's
+    # Notification is recorded instead, after the operator opts in.
+    page.add_init_script(RECORD_NOTIFICATIONS)
+    agent = server.create_agent(actor, TURN[:3])
+    page.goto(f"{server.url}/agents/{agent}/")
+    page.locator("#transcript[data-state=live]").wait_for()
+    page.click("#notify-toggle")
+    page.locator("#notify-toggle", has_text="Notifications on").wait_for()
+    seq = server.note(agent, "not an end")
+    page.locator(f"#row-{seq}").wait_for(state="attached")
+    assert page.evaluate("window.__notes") == []
+    server.django("from sessions import journal\n"
+                  f"journal.append({agent!r}, 'turn.finished', {{'turn': 1, 'text': ''}})\n")
+    page.wait_for_function("() => window.__notes.length === 1")
+    assert page.evaluate("window.__notes[0]").startswith("Turn 1 finished")
