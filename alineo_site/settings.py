@@ -98,6 +98,9 @@ def envlabels(name: str) -> dict[str, str]:
 
 
 DATA_DIR = Path(envstr("ALINEO_DATA_DIR", str(BASE_DIR / "var"))).resolve()
+# Made by this process just now: a command that finds no database there (issue_token
+# pointed at the wrong dir) removes it again instead of leaving an empty ./var behind.
+DATA_DIR_MADE_NOW = not DATA_DIR.exists()
 DATA_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)  # private: sandboxes/config.py
 
 

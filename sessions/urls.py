@@ -2,7 +2,7 @@
 
 from django.urls import path, re_path
 
-from .dashboard import actions, agent, sandboxes, tree
+from .dashboard import actions, agent, forking, sandboxes, tree
 
 _ID = r"(?P<agent_id>[A-Za-z0-9_-]{1,32})"
 
@@ -16,6 +16,8 @@ urlpatterns = [
     re_path(rf"^agents/{_ID}/$", agent.agent_page, name="dash-agent"),
     re_path(rf"^agents/{_ID}/live$", agent.agent_live, name="dash-agent-live"),
     re_path(rf"^agents/{_ID}/rows$", agent.agent_rows, name="dash-agent-rows"),
+    re_path(rf"^agents/{_ID}/fork$", forking.fork, name="dash-fork"),
+    re_path(rf"^agents/{_ID}/approve$", forking.approve, name="dash-approve"),
     re_path(
         rf"^agents/{_ID}/(?P<verb>prompt|steer|interrupt|pause|resume|stop)$",
         actions.command,

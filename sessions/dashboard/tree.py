@@ -13,22 +13,22 @@ from django.views.decorators.http import require_GET
 from sandboxes.backends import get_backend
 
 from ..access import workspaces_of
-from .common import login_required, summarize, tree_version, visible_agents
-from .tree_nodes import fork_origins, node_forms, tree_seq
+from .common import login_required, tree_version, visible_agents
+from .tree_nodes import node_forms, node_summaries, tree_seq, with_last_activity
 
 
 def tree_context(user) -> dict:
     version = tree_version(user)  # before the rows: a change in between only redraws
-    agents = list(visible_agents(user))
+    agents = list(with_last_activity(visible_agents(user)))
     workspaces = list(workspaces_of(user).order_by("id"))
-    origins = fork_origins([a.id for a in agents])
+    summaries = node_summaries(agents)
     by_parent: dict[str | None, list] = {}
     for agent in agents:
         by_parent.setdefault(agent.parent_id, []).append(agent)
 
     def build(parent_id, workspace_id=None):
         return [
-            {**summarize(a), "forked_from": origins.get(a.id), "children": build(a.id)}
+            {**summaries[a.id], "children": build(a.id)}
             for a in by_parent.get(parent_id, [])
             if workspace_id is None or a.workspace_id == workspace_id
         ]

@@ -20,10 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.template.loader import render_to_string
 
 from ..forms import TextCommandForm
 from ..models import Agent, Event
+from . import restores
 from .common import summarize
 
 #: What the stream compares between two reads of an agent.
@@ -67,16 +69,35 @@ def read_tree(workspace_id: int, known: dict[str, Head]) -> TreeRead:
     return TreeRead(tree_seq(r[2] for r in rows), heads, order, draw_nodes(moved) if moved else [])
 
 
+def with_last_activity(agents: QuerySet) -> QuerySet:
+    """The agents, each with `last_ts`: the time of its newest fact."""
+    newest = Event.objects.filter(agent=OuterRef("pk"), seq=OuterRef("last_seq")).values("ts")[:1]
+    return agents.annotate(last_ts=Subquery(newest))
+
+
+def node_summaries(agents) -> dict[str, dict]:
+    """Each agent's node as the tree draws it, the page and the stream alike:
+    its summary, where a fork came from, the most severe restore of the last
+    day (sessions/dashboard/restores.py) and its last activity."""
+    ids = [a.id for a in agents]
+    origins = fork_origins(ids)
+    notable = restores.notable(ids)
+    return {a.id: {**summarize(a), "forked_from": origins.get(a.id), "restore": notable.get(a.id),
+                   "last_activity": getattr(a, "last_ts", None) or a.created_at}
+            for a in agents}
+
+
 def draw_nodes(agent_ids: list[str]) -> list[Node]:
-    agents = {a.id: a for a in Agent.objects.filter(pk__in=agent_ids).select_related("workspace")}
-    origins = fork_origins(agent_ids)
+    found = with_last_activity(Agent.objects.filter(pk__in=agent_ids).select_related("workspace"))
+    agents = {a.id: a for a in found}
+    summaries = node_summaries(list(agents.values()))
     forms = node_forms()
     nodes = []
     for agent_id in agent_ids:
         agent = agents.get(agent_id)
         if agent is None:  # purged between the two queries: the next read drops it
             continue
-        node = {**summarize(agent), "forked_from": origins.get(agent_id)}
+        node = summaries[agent_id]
         html = render_to_string("sessions/_tree_node_main.html", {"node": node, **forms})
         nodes.append(Node(agent_id, agent.parent_id, node["status"], html))
     return nodes

@@ -35,7 +35,7 @@ def test_spawn_watch_reply_and_steer(server, actor, page):
     # The sleep keeps the worker's turn running long enough to steer it.
     agent = spawn_in_ui(page, server, "say: hello from the demo\nsleep: 8")
     page.locator("#transcript[data-state=live]").wait_for()
-    page.locator("#rows > li[data-type='command.prompt']").wait_for()
+    page.locator("#rows > li[data-type='command.prompt']").wait_for(state="attached")  # a system event
 
     page.locator("#rows > li[data-type='turn.started']").first.wait_for(timeout=WORKER_MS)
     page.locator("#agent-live .status-running").wait_for(timeout=30_000)
@@ -46,7 +46,7 @@ def test_spawn_watch_reply_and_steer(server, actor, page):
     page.dblclick(f"#steer-send-{agent}")  # a double click acts once
     page.locator(f"#actions-{agent} .note-success").wait_for()
     steer_rows = page.locator("#rows > li[data-type='command.steer']")
-    steer_rows.first.wait_for()
+    steer_rows.first.wait_for(state="attached")  # a command echo: a system event
     page.locator("#rows > li[data-type='steer.delivered']").wait_for(timeout=WORKER_MS)
     page.locator("#rows > li[data-type='turn.finished']").wait_for(timeout=90_000)
     assert "hello from the demo" in page.locator("#rows").inner_text()

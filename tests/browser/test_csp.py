@@ -64,10 +64,11 @@ def test_the_dashboard_works_under_the_policy_with_no_violation(server, actor, n
     page.fill(f"#prompt-text-{agent}", "say: hello under a strict policy")
     page.click(f"#prompt-send-{agent}")
     page.locator(f"#actions-{agent} .note-success").wait_for()
-    page.locator("#rows > li[data-type='command.prompt']").first.wait_for()
+    page.locator("#rows > li[data-type='command.prompt']").first.wait_for(state="attached")
 
-    # Older rows on demand.
-    page.click("#load-older")
+    # Older rows on demand. Scrolled into view, the button also trips the scroll-up
+    # loader, whose rows can land under the pointer mid-click: press it from script.
+    page.locator("#load-older").evaluate("b => b.click()")
     page.locator("#row-1").wait_for()
     assert_contiguous(seqs(page))
 

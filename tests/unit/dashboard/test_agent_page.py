@@ -40,9 +40,11 @@ def test_long_tool_output_is_collapsed_and_short_one_shown(logged_in, make_agent
         ("tool.result", {"tool_call_id": "tc2", "output": "short", "exit_code": 2}),
     ])
     html = logged_in.get(f"/agents/{agent.id}/").content.decode()
-    assert '<details class="raw"><summary>output (800 characters)' in html
+    assert '<details class="raw"><summary>output · 800 B, 401 lines' in html
+    assert "data-copy>Copy</button>" in html
     assert '<pre class="raw" aria-label="input">' in html and "&quot;cmd&quot;: &quot;ls&quot;" in html
     assert "exit 2" in html and 'class="row kind-tool failed"' in html
+    assert 'data-call="tc1"' in html and 'data-result-of="tc1"' in html
 
 
 def test_side_panel_shows_restores_and_checkpoints(logged_in, make_agent):

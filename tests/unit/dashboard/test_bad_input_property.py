@@ -102,11 +102,12 @@ def post_requests(draw, ids):
     path = draw(st.one_of(
         st.just("/agents/new"),
         st.just("/accounts/login/"),
-        st.sampled_from(VERBS + ["fork", "reattach"]).map(lambda v: f"/agents/{agent_id}/{v}"),
+        st.sampled_from(VERBS + ["fork", "approve", "reattach"]).map(lambda v: f"/agents/{agent_id}/{v}"),
     ))
     fields = draw(st.dictionaries(
         st.sampled_from(["example", "spec", "prompt", "parent", "text", "idempotency_key",
-                         "compact", "next", "username", "password", "junk"]),
+                         "compact", "next", "username", "password", "junk", "checkpoint",
+                         "at_event", "name", "reason"]),
         st.one_of(hostile_text, st.sampled_from(["demo", "demo-checkpoint", "say: hi", *ids])),
         max_size=5,
     ))
