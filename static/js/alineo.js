@@ -61,13 +61,13 @@
   });
 
   // --- honest when the server is away ------------------------------------------
-  // While the transcript's stream is down or a poll gets no answer: a banner,
+  // While the transcript's or the tree's stream is down or a poll gets no answer: a banner,
   // commands disabled, timers stopped, statuses greyed (body.server-away). A
   // command whose request got no answer says it was not sent.
-  var away = {stream: false, poll: false};
+  var away = {stream: false, tree: false, poll: false};
   A.setAway = function (source, isAway) {
     away[source] = isAway;
-    var on = away.stream || away.poll;
+    var on = away.stream || away.tree || away.poll;
     document.body.classList.toggle("server-away", on);
     var banner = document.getElementById("server-banner");
     if (banner) banner.hidden = !on || (away.stream && !!document.getElementById("stream-banner"));
@@ -310,7 +310,10 @@
       box.addEventListener(name, function () { setTimeout(function () { self.release(); }, 0); }, true);
     });
     A.follow(box.dataset.streamUrl, function () { return self.cursor; }, {
-      state: function (state) { box.dataset.state = state; },
+      state: function (state) {
+        box.dataset.state = state;
+        if (state === "reconnecting" || state === "live") A.setAway("tree", state === "reconnecting");
+      },
       event: function (id, type, data) {
         var body; try { body = JSON.parse(data); } catch (e) { return; }
         if (type === "node") self.put(body);
@@ -323,7 +326,11 @@
   LiveTree.prototype.put = function (node) {
     var li = document.getElementById("node-" + node.agent);
     var old = li && li.querySelector(":scope > .node");
-    if (old && A.busy(old)) { this.waiting[node.agent] = node; return; }
+    // In use, or a command of its own in flight (its answer goes into this node):
+    // the update waits (release(), after the answer).
+    if (old && (A.busy(old) || old.querySelector(".htmx-request"))) {
+      this.waiting[node.agent] = node; return;
+    }
     delete this.waiting[node.agent];
     var t = document.createElement("template"); t.innerHTML = node.html.trim();
     var fresh = t.content.firstElementChild;
@@ -340,7 +347,12 @@
       var empty = document.getElementById("tree-empty"); if (empty) empty.remove();
     }
     li.dataset.status = node.status;
-    if (old) li.replaceChild(fresh, old); else li.insertBefore(fresh, li.firstChild);
+    if (old) {
+      // A command's answer ("Pause sent", "Not sent") outlives the redraw it caused.
+      var into = fresh.querySelector(".actions");
+      if (into) old.querySelectorAll(".actions > .note").forEach(function (n) { into.appendChild(n); });
+      li.replaceChild(fresh, old);
+    } else li.insertBefore(fresh, li.firstChild);
     if (window.htmx) htmx.process(fresh);
     A.refreshTimes(fresh);
   };

@@ -47,12 +47,14 @@ def test_both_pages_say_the_server_is_away_and_recover(server, actor, page, new_
         assert timer.inner_text() == before, "the timer of a turn we cannot see must not run"
         assert page.locator("#agent-live .badge").evaluate(
             "b => getComputedStyle(b).filter").startswith("grayscale")
-        # The tree has no stream: its poll gets no answer, and it says so.
+        # The tree's stream is down too, and the tree page says so.
         tree.locator("#server-banner").wait_for(state="visible", timeout=20_000)
         assert tree.locator(f"#pause-{agent}").is_disabled()
     finally:
         server.start()
     page.locator("#stream-banner").wait_for(state="hidden", timeout=30_000)
-    assert page.locator("body.server-away").count() == 0
+    # The stream is back; the page's own poll, which also failed, clears at its next answer.
+    page.wait_for_function("!document.body.classList.contains('server-away')", timeout=30_000)
     assert page.locator(f"#pause-{agent}").is_enabled()
     tree.locator("#server-banner").wait_for(state="hidden", timeout=30_000)
+    assert tree.locator(f"#pause-{agent}").is_enabled()

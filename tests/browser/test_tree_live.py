@@ -57,6 +57,7 @@ def test_the_tree_follows_commits_without_polling(server, actor, page):
     page.locator(f"#node-{agent}[data-status=idle]").wait_for()
 
     # Its forms still work: a stop through the streamed-in node's button.
+    page.click(f"#stop-open-{child}")  # Stop asks first
     with page.expect_response(lambda r: r.url.endswith("/stop") or "/stop?" in r.url) as answer:
         page.click(f"#stop-{child}")
     assert answer.value.ok, answer.value.status
