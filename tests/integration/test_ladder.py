@@ -191,8 +191,6 @@ def test_a_checkpoint_taken_mid_turn_is_restored_and_its_turn_settles_once(world
     settles it itself (`bridge_restarted`), so the ladder must not settle it
     too (`skip_turn`, sessions/worker/ladder.py) — the turn settles once, and
     what the turn wrote before the checkpoint is in the new home."""
-    if world.kind != "local":
-        pytest.skip("the ladder's decision is the same on docker; local keeps make test short")
     agent = world.spawn(CHECKPOINTED, "say: hello")
     world.wait_for(agent, lambda evs: count_of(evs, "agent.checkpointed") >= 1, "a checkpoint")
     world.send(agent, "prompt", "write mid.txt: before the checkpoint\nsleep: 30")
