@@ -17,6 +17,7 @@ goes, whatever its own session format is.
 
 from __future__ import annotations
 
+import abc
 import logging
 import threading
 import time
@@ -52,7 +53,7 @@ class Busy(Exception):
         self.code = code
 
 
-class Harness:
+class Harness(abc.ABC):
     """The shared half of a harness: the prompt queue, pause, status, the
     coalesced deltas and settling a turn. Subclasses run the turns."""
 
@@ -73,9 +74,9 @@ class Harness:
         return self.session.state
 
     # --- what a subclass provides -----------------------------------------------------
+    @abc.abstractmethod
     def _run_turn(self, item: dict) -> None:
         """Run one started turn to its settled end (or until it is aborted)."""
-        raise NotImplementedError
 
     def _after_turn(self, turn: int) -> None:
         """After a turn, outside the lock (Pi runs the stop hook here)."""
