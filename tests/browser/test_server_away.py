@@ -54,7 +54,7 @@ def test_both_pages_say_the_server_is_away_and_recover(server, actor, page, new_
         server.start()
     page.locator("#stream-banner").wait_for(state="hidden", timeout=30_000)
     # The stream is back; the page's own poll, which also failed, clears at its next answer.
-    page.wait_for_function("!document.body.classList.contains('server-away')", timeout=30_000)
+    page.locator("body:not(.server-away)").wait_for(state="attached", timeout=30_000)
     assert page.locator(f"#pause-{agent}").is_enabled()
     tree.locator("#server-banner").wait_for(state="hidden", timeout=30_000)
     assert tree.locator(f"#pause-{agent}").is_enabled()
