@@ -78,8 +78,12 @@ run: migrate
 #      by default tests/unit first on $(UNIT_JOBS) xdist workers, then the rest
 #      on $(LIVE_JOBS);
 #   2. $(PG_PYTEST_ARGS) on PostgreSQL + Redis (DATABASE_URL, REDIS_URL): the
-#      unit tests again (less those marked sqlite_only, which ran in pass 1) and
-#      the scale-out tests, which need several processes on one database. The
+#      unit tests that can reach the database again (less those marked
+#      sqlite_only, which ran in pass 1; tests/conftest.py leaves out those with
+#      no django_db marker or db fixture: pytest-django refuses them any query,
+#      so they run the same code on every engine) and the scale-out tests, which
+#      need several processes on one database (with tests/scaleout/
+#      test_faults_pg.py: kill -9, sandbox loss, backup/restore). The
 #      services come from ALINEO_TEST_DATABASE_URL + ALINEO_TEST_REDIS_URL when
 #      both are set, else, as root, from .ci/services-up (Debian's postgresql and
 #      redis-server on 127.0.0.1, stopped again afterwards if this run started them).

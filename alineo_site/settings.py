@@ -387,6 +387,17 @@ ALINEO_SWEEP_S = envfloat("ALINEO_SWEEP_S", 300.0)
 # An agent with no activity for this long has its sandbox stopped (its state is
 # on disk and in the transcript); a prompt brings it back. 0 turns it off.
 ALINEO_IDLE_UNLOAD_S = envfloat("ALINEO_IDLE_UNLOAD_S", 1800.0)
+# For the fault tests only (tests/faults): a directory where a file named after
+# an agent id makes the worker hold that agent's commands journaled and
+# undelivered while the file exists — a kill placed "between a command's
+# journaling and its delivery". Unset (the default) it does nothing; whoever
+# can set it already controls the control plane's environment.
+ALINEO_TEST_HOLD_DIR = envstr("ALINEO_TEST_HOLD_DIR")
+# Quiet this long, an idle agent gives its sandbox slot to another agent of its
+# workspace that waits for one (sessions/worker/slots.py). Must be > 0.
+ALINEO_MAKE_ROOM_S = envfloat("ALINEO_MAKE_ROOM_S", 10.0)
+if ALINEO_MAKE_ROOM_S <= 0:
+    raise ImproperlyConfigured(f"ALINEO_MAKE_ROOM_S={ALINEO_MAKE_ROOM_S}: must be > 0")
 # A worker's lease on an agent lasts this long unless renewed (every quarter of
 # it); a dead worker's agents are taken over by another worker after it.
 ALINEO_LEASE_S = envfloat("ALINEO_LEASE_S", 20.0)

@@ -13,6 +13,38 @@ from sessions.models import Agent, ApiToken, Workspace
 from tests.fault_report import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401 (hooks)
 
 
+#: Fixtures through which a test reaches the database (pytest-django's).
+DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences",
+               "django_db_serialized_rollback", "live_server"}
+
+
+def touches_database(item) -> bool:
+    """Whether a test can reach the database: pytest-django refuses any query
+    from a test without its django_db marker or a db fixture, so one with
+    neither runs the same code on every engine."""
+    return (item.get_closest_marker("django_db") is not None
+            or bool(DB_FIXTURES & set(getattr(item, "fixturenames", ()))))
+
+
+def pytest_collection_modifyitems(config, items):
+    """`make test`'s PostgreSQL pass (ALINEO_TEST_PASS=postgresql) runs only the
+    unit tests that touch the database: the others (the bridge, the gateway,
+    parsers, pure functions …) cannot behave differently on another engine and
+    ran in the SQLite pass. (By hand, on PostgreSQL without ALINEO_TEST_PASS,
+    every unit test runs.)"""
+    if os.environ.get("ALINEO_TEST_PASS") != "postgresql":
+        return
+    unit = os.sep + os.path.join("tests", "unit") + os.sep
+    kept, dropped = [], []
+    for item in items:
+        (dropped if unit in str(item.fspath) and not touches_database(item) else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+        print(f"\nPostgreSQL pass: {len(dropped)} unit tests that cannot reach the database "
+              "deselected (they ran in the SQLite pass)")
+
+
 @pytest.fixture(autouse=True)
 def _fast_password_hasher(settings):
     # Hashing test users' passwords with PBKDF2 costs ~0.5 s per test.

@@ -13,6 +13,8 @@ One directive a line:
     spawn: {"prompt": …, "spec": {…}}
                               → the same with a child spec, as a real model may send
     sleep: <seconds>          → a bash `sleep` tool call (a long step, for fault tests)
+    think: <seconds>          → the model call itself takes that long (a long model
+                                call, for fault tests; the bridge's demo only, ≤ 600 s)
     say: <text>               → <text> in the reply
 """
 
@@ -25,6 +27,9 @@ from dataclasses import dataclass, field
 
 _WRITE = re.compile(r"^write\s+(?P<path>[^:]+?)\s*:\s?(?P<text>.*)$")
 _KEYED = re.compile(r"^(?P<key>run|read|spawn|sleep|say)\s*:\s?(?P<value>.*)$")
+_THINK = re.compile(r"^think\s*:\s*(?P<seconds>\d+(?:\.\d+)?)\s*$")
+#: The longest a demo model call may think (a typo must not hang a turn for hours).
+MAX_THINK_S = 600.0
 
 #: The reply to a message without a directive.
 NO_DIRECTIVE = ("[demo] I am the demo model. Give me directives, one a line: "
@@ -43,6 +48,7 @@ class Plan:
     """What the demo does with one user message."""
     says: tuple[str, ...] = ()
     calls: tuple[Directive, ...] = field(default_factory=tuple)
+    think_s: float = 0.0  # how long the model call takes before it answers
 
     @property
     def reply(self) -> str:
@@ -56,14 +62,18 @@ class Plan:
 
 def plan(text: str) -> Plan:
     """The directives of a message, in order."""
-    says, calls = [], []
+    says, calls, think = [], [], 0.0
     for line in text.splitlines():
+        thinking = _THINK.match(line.strip())
+        if thinking:
+            think += float(thinking["seconds"])
+            continue
         directive, say = parse_line(line.strip())
         if say is not None:
             says.append(say)
         elif directive is not None:
             calls.append(directive)
-    return Plan(tuple(says), tuple(calls))
+    return Plan(tuple(says), tuple(calls), min(think, MAX_THINK_S))
 
 
 def parse_line(line: str) -> tuple[Directive | None, str | None]:

@@ -6,10 +6,13 @@ tool schema (a harness whose shell tool is ``Bash`` with ``command`` gets
 that; one whose read tool takes ``file_path`` gets that), text is streamed in
 chunks, and usage is counted (about four characters a token) so accounting
 is exercised offline. When the tool results are in, it summarises them.
+`think: N` makes the first call for a message take N seconds (a model call in
+flight at a known moment, for the fault tests; cancelled with its request).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import uuid
@@ -41,6 +44,10 @@ class DemoUpstream:
     label = "demo"
 
     async def complete(self, request: ModelRequest) -> ModelReply:
+        last_user, results = _latest(request.messages)
+        think = 0.0 if results else directives.plan(last_user).think_s
+        if think:  # `think: N`: this model call takes N s (the fault tests place kills here)
+            await asyncio.sleep(think)
         return answer(request)
 
     def model_ids(self) -> list[str]:

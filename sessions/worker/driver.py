@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import time
 
@@ -65,7 +66,6 @@ log = logging.getLogger(__name__)
 CONNECT_RETRY_S = 15
 SAFETY_POLL_S = 5
 UNLOADED = "unloaded"  # the status reason of an agent whose sandbox idle unload stopped
-MAKE_ROOM_S = 10  # quiet this long, an agent gives its slot to one that waits (slots.py)
 #: A bridge lost again this soon after a recovery is a quick loss: the next
 #: recovery waits 0.1 s, 0.2 s … up to RECOVER_BACKOFF_MAX_S, so a bridge that
 #: answers and drops at once never makes the ladder a busy loop.
@@ -75,7 +75,7 @@ RECOVER_BACKOFF_MAX_S = 5.0
 
 class IdleClock:
     """When an agent has been quiet (no new bridge event) for ALINEO_IDLE_UNLOAD_S,
-    or for MAKE_ROOM_S while another agent of its workspace waits for a
+    or for ALINEO_MAKE_ROOM_S while another agent of its workspace waits for a
     sandbox slot (``make_room``: its idle sandbox is the slot that one needs)."""
 
     def __init__(self, cursor: int):
@@ -86,7 +86,8 @@ class IdleClock:
             self.cursor, self.since = cursor, time.monotonic()
         limit = settings.ALINEO_IDLE_UNLOAD_S
         if make_room:
-            limit = min(limit, MAKE_ROOM_S) if limit else MAKE_ROOM_S
+            room = settings.ALINEO_MAKE_ROOM_S
+            limit = min(limit, room) if limit else room
         return bool(limit) and time.monotonic() - self.since >= limit
 
 
@@ -119,7 +120,7 @@ class AgentDriver:
 
     def room_wanted(self, wanted: bool) -> None:
         """The supervisor's scan: does another agent of this workspace wait for
-        a sandbox slot? Then an idle sandbox is unloaded after MAKE_ROOM_S."""
+        a sandbox slot? Then an idle sandbox is unloaded after ALINEO_MAKE_ROOM_S."""
         if wanted and not self.make_room:
             self.wake.set()
         self.make_room = wanted
@@ -333,6 +334,8 @@ class AgentDriver:
     async def _act_on_commands(self, relay_task) -> bool:
         """Act on pending commands in id order; True once the agent is stopped."""
         self.paused = await store.paused(self.agent_id)
+        if held_by_test(self.agent_id):
+            return False  # they stay pending; the next wake-up or safety poll looks again
         for cmd in await store.pending(self.agent_id):
             if cmd.verb == "stop":
                 await self._stop(cmd, relay_task)
@@ -404,6 +407,13 @@ class AgentDriver:
             "status": "stopped", "reason": "sandbox removed", "command": cmd.id,
             "sandbox_id": info.sandbox_id}))
         log.info("agent %s: stopped, sandbox %s removed", info.id, info.sandbox_id)
+
+
+def held_by_test(agent_id: str) -> bool:
+    """The fault tests' hold (settings.ALINEO_TEST_HOLD_DIR): while a file named
+    after the agent is there, its commands stay journaled and undelivered."""
+    hold = settings.ALINEO_TEST_HOLD_DIR
+    return bool(hold) and os.path.exists(os.path.join(hold, agent_id))
 
 
 _approved = database_sync_to_async(approvals.ensure_approved)

@@ -14,7 +14,7 @@ session (sessions/commands/sandbox.py) holds a slot from create to remove. A
 replacement sandbox (restore, rebuild) keeps the slot of the one it replaces.
 While an agent waits, the other agents of its workspace give their slots up
 sooner: an idle sandbox is unloaded after 10 s of quiet instead of
-ALINEO_IDLE_UNLOAD_S (sessions/worker/driver.py MAKE_ROOM_S), and comes back
+ALINEO_IDLE_UNLOAD_S (ALINEO_MAKE_ROOM_S, default 10 s), and comes back
 (into a free slot) with its next prompt.
 
 A claim that finds the workspace full journals, once per wait, an
@@ -83,7 +83,7 @@ def claim(agent_id: str) -> bool:
 
 def workspaces_waiting() -> set[int]:
     """Workspaces where an agent waits for a slot: there, the drivers unload
-    idle sandboxes sooner (sessions/worker/driver.py MAKE_ROOM_S)."""
+    idle sandboxes sooner (ALINEO_MAKE_ROOM_S, default 10 s)."""
     return set(Agent.objects.filter(sandbox_slot=False, status_reason__startswith=WAITING)
                .exclude(status__in=ENDED).values_list("workspace_id", flat=True).distinct())
 

@@ -232,8 +232,11 @@ class World:
 def make_server(kind: str, env: dict | None = None, data_dir: Path | None = None) -> LiveServer:
     if kind == "docker":
         ensure_docker()
-    return LiveServer(env={"ALINEO_SANDBOX": kind, "ALINEO_SANDBOX_LABELS": LABEL, **(env or {})},
-                      data_dir=data_dir)
+    server = LiveServer(env={"ALINEO_SANDBOX": kind, "ALINEO_SANDBOX_LABELS": LABEL, **(env or {})},
+                        data_dir=data_dir)
+    # Where tests.faults.placed holds an agent's commands undelivered (a file per agent).
+    server.extra_env.setdefault("ALINEO_TEST_HOLD_DIR", str(server.data_dir / "hold"))
+    return server
 
 
 def cleanup_sandboxes(server: LiveServer, kind: str, docker_host: str | None = None) -> None:
@@ -291,28 +294,6 @@ class Row:
 
     def add_rungs(self, rungs) -> None:
         self.rungs.update(rungs)
-
-
-def placement(world: "World", agents: list[str]) -> list[str]:
-    """Where a kill about to land finds `agents` (read just before it): mid-tool
-    (a tool call dispatched, no result), mid-turn (a turn open between steps:
-    the model's step), command journaled but not yet handed to the bridge
-    (a pending Command row), or idle."""
-    found = set()
-    for agent in agents:
-        events = world.events(agent)
-        open_turns = {e["data"].get("turn") for e in events if e["type"] == "turn.started"} - {
-            e["data"].get("turn") for e in events if e["type"] in ("turn.finished",
-                                                                   "turn.interrupted")}
-        calls = {e["data"].get("tool_call_id") for e in events if e["type"] == "tool.dispatched"}
-        calls -= {e["data"].get("tool_call_id") for e in events if e["type"] == "tool.result"}
-        if calls:
-            found.add("mid-tool")
-        elif open_turns:
-            found.add("mid-turn (model step)")
-        if world.pending_commands(agent):
-            found.add("command journaled, not delivered")
-    return sorted(found) or ["idle"]
 
 
 REPORT: list[Row] = []
@@ -410,9 +391,10 @@ def wait_running_step(world: World, agent: str, marker: str, timeout: float = WA
 
 
 def mid_turn_repeats(default: int) -> int:
-    """How many mid-turn faults a fault_cases scenario runs after its idle one:
+    """How many repetitions a scenario runs (fault_cases: mid-turn faults after
+    its idle one; tests.faults.placed: rounds):
     `default` (what `make test`'s budget allows), or ALINEO_FAULT_REPEATS for a
-    longer soak (the issue asks ≥ 10 per run; each costs ~8 s)."""
+    longer soak)."""
     return max(1, int(os.environ.get("ALINEO_FAULT_REPEATS") or default))
 
 

@@ -8,10 +8,14 @@ server, starts it again on the same data dir (commands in flight are retried
 with the same Idempotency-Key, as a client would), and checks every invariant
 (tests.faults.invariants) including the next prompt and the files.
 
-Every third kill is placed by the test at a named moment (a tool call
-running: ``mid-tool``); the others land at a random moment. Just before each
-kill the test notes where it finds the agents (mid-tool, mid-turn, a command
-journaled but not yet delivered, idle) and the summary table counts them.
+The kills cycle through named moments placed by the test on the first
+agent picked (tests/faults/placed.py): ``mid-tool`` (a `sleep:` call running),
+``mid-model-call`` (the demo model's `think:` in flight at the control plane's
+model gateway, which dies with it), ``command journaled, not delivered`` (a
+prompt acknowledged and held by the worker through ALINEO_TEST_HOLD_DIR, the
+hold lifted before the restart), and ``random`` (a seeded delay; the summary
+counts where the test found the agents). A placed kill that missed its moment
+is a violation.
 Every prompt sent from a thread must come back acknowledged (an exception,
 a refusal or a hang there fails the test, never only warns); the only rung a
 kill -9 of the control plane may take is ``reattach``, journaled once per
@@ -33,17 +37,13 @@ from collections import Counter
 import pytest
 
 from tests.faults import invariants
-from tests.faults.harness import (
-    DEMO,
-    World,
-    cleanup_sandboxes,
-    excerpt,
-    make_server,
-    placement,
-    wait_running_step,
-)
+from tests.faults.harness import DEMO, World, cleanup_sandboxes, excerpt, make_server
+from tests.faults.placed import HELD, MID_MODEL, MID_TOOL, RANDOM, SEED, found, place, verify
 
-SEED = int(os.environ.get("ALINEO_FAULT_SEED") or random.SystemRandom().randrange(1, 2**31))
+#: The moments the kills cycle through (a kill -9 leaves the bridges running,
+#: so a placed tool or model call lasts only PLACED_S).
+CYCLE = (MID_TOOL, MID_MODEL, HELD, RANDOM)
+PLACED_S = 2
 ITERATIONS = {"local": int(os.environ.get("ALINEO_FAULT_ITERATIONS") or 15),
               "docker": int(os.environ.get("ALINEO_FAULT_DOCKER_ITERATIONS") or 5)}
 MAX_CHILDREN = 3
@@ -103,19 +103,18 @@ def kill_scenario(kind: str, fault_row, server, n: int, label: str = "kill -9 co
                     world.send(agent, "prompt", text)
                 if rng.random() < 0.2:
                     world.send(agent, "steer", f"say: steer {i} for {agent[-6:]}")
-            delay = rng.uniform(0.0, 1.6)
-            if i % 3 == 0:  # placed: while a tool call of the first picked agent runs
-                how = "placed mid-tool"
-                try:
-                    wait_running_step(world, picked[0], "", timeout=10)
-                except AssertionError:
-                    how = "placed mid-tool (missed: the turns ended first)"
+            moment, delay = CYCLE[(i - 1) % len(CYCLE)], rng.uniform(0.0, 1.6)
+            if moment == RANDOM:
+                time.sleep(delay)  # the random moment itself, not a wait for a state
+                now = sorted({f for a in picked for f in found(world, a)})
+                where, missed = f"random → {'+'.join(now)}", None
             else:
-                how = f"random, after {delay:.2f} s"
-                time.sleep(delay)
-            landed = placement(world, picked)
+                placed = place(world, picked[0], moment, f"k{i}-{picked[0][-6:]}", hold_s=PLACED_S)
+                where, missed = verify(world, placed)
             server.kill()
-            fault_row.placements.update(landed)
+            fault_row.placements[where] += 1
+            if moment == HELD:
+                placed.release(world)
             server.start()
             for t in threads:
                 t.join(120)
@@ -123,9 +122,10 @@ def kill_scenario(kind: str, fault_row, server, n: int, label: str = "kill -9 co
                           for t in threads if t.is_alive()]
             violations += [f"a prompt sent from a thread failed: {o}" for o in outcomes
                            if o != "acknowledged"]
+            violations += [missed] if missed else []
             violations += invariants.check(world)
             fault_row.iterations = i
-            print(f"[faults] {kind} iteration {i}/{n}: killed ({how}) finding {landed}, "
+            print(f"[faults] {kind} iteration {i}/{n}: killed at {where}, "
                   f"{len(violations)} violation(s)", flush=True)
             if violations:
                 fault_row.violations += [f"seed {SEED} iteration {i}: {v}" for v in violations]

@@ -4,7 +4,9 @@ The second engine has its own --data-root, --exec-root, --pidfile, unix socket
 and --cgroup-parent, `--bridge=none --iptables=false` (docs: notes
 docker-offline.md §5). The base image comes from the main engine (`docker
 save | docker -H <second> load`). The server runs with DOCKER_HOST pointing at
-it, with one idle agent and one mid-turn (a `sleep:` step running).
+it, with an agent at each moment (tests/faults/placed.py: idle with turn
+checkpoints, mid-tool, a command journaled but not delivered, and — built-in
+harness — mid-model-call), rebooted three times (Pi's row once).
 
 "Reboot" = SIGKILL of the server, that dockerd (its pidfile), its containerd
 (its ppid), its shims (their `-address` is under this exec-root) and the
@@ -12,9 +14,9 @@ container processes (this engine's cgroup parent) — only those; then, as a
 reboot would, its mounts are unmounted, the exec-root wiped and the stale
 pidfile removed; dockerd is started again: the containers are Exited. The
 server, started again, brings the agents back on rung `restart` with /root
-intact (the files written before, turn checkpoints or not), the running turn
-settled once, and every invariant holds — for the built-in harness and for
-`"harness": "pi"` (Pi started again on its session file in the intact /root).
+intact (the files written before, turn checkpoints or not), each running turn
+settled once, the held command acted on once, and every invariant holds — for
+the built-in harness and for `"harness": "pi"` (Pi started again on its session file in the intact /root).
 Everything is removed at the end: the containers, the second dockerd (stopped
 by PID), its processes, mounts and directories.
 """
@@ -27,13 +29,19 @@ from tests.dockerd2 import SecondDockerd
 from tests.faults import invariants
 from tests.faults.harness import (
     World, cleanup_sandboxes, ensure_docker, ensure_root, excerpt,
-    make_server, restored_count, wait_running_step,
+    make_server, mid_turn_repeats, restored_count,
 )
+from tests.faults.placed import HELD, IDLE, MID_MODEL, MID_TOOL, SEED, place, verify
+
+#: Reboots per run (ALINEO_FAULT_REPEATS for a longer soak). Pi's starts are
+#: slow (node), so its row reboots once; the built-in harness three times.
+REBOOTS = {"builtin": 3, "pi": 1}
 
 
 @pytest.mark.parametrize("harness", ["builtin", "pi"])
 def test_machine_reboot(harness, fault_row):
     fault_row.scenario = "machine reboot (second dockerd)" + (", pi" if harness == "pi" else "")
+    fault_row.seed = SEED
     ensure_root()
     ensure_docker()
     from sandboxes import harnesses, images
@@ -57,44 +65,22 @@ def test_machine_reboot(harness, fault_row):
         server.start()
         world = World(server, "docker", server.create_actor("rita"))
         demo = {"model": "demo", "harness": harness}
-        idle = world.spawn({**demo, "checkpoint": True}, "write idle.txt: idle-before")
-        busy = world.spawn(demo, "write busy.txt: busy-before")
-        assert not invariants.settle(world, [idle, busy], invariants.WAIT_SETTLE)
-        world.send(busy, "prompt", "write mid.txt: mid-before\nsleep: 7.7\nrun: echo after")
-        wait_running_step(world, busy, "sleep 7.7")
-        before = {a: restored_count(world.events(a)) for a in (idle, busy)}
-        sids = {a: world.agent(a)["sandbox_id"] for a in (idle, busy)}
-
-        server.kill()
-        killed = engine.reboot()
-        print(f"[faults] reboot: SIGKILLed {({k: len(v) for k, v in killed.items()})}")
-        assert killed["dockerd"] and killed["shim"] and killed["container"], killed
-        engine.start()
-        states = {a: engine.docker("inspect", "-f", "{{.State.Status}}", sid).stdout.decode().strip()
-                  for a, sid in sids.items()}
-        print(f"[faults] after the reboot the containers are {states}")
-        assert set(states.values()) == {"exited"}, states
-        server.start()
-
-        rungs = []
-        for agent in (idle, busy):
-            events = world.wait_for(agent, lambda evs, a=agent: restored_count(evs) > before[a],
-                                    "the ladder after the reboot")
-            new = [e for e in events if e["type"] in ("agent.restored", "agent.lost")][before[agent]:]
-            rungs += [e["data"].get("rung", "lost") for e in new]
-        fault_row.add_rungs(rungs)
-        violations = invariants.check(world)
-        fault_row.iterations = 1
-        fault_row.violations += violations
-        if violations:
-            print("\n".join(violations))
-            for agent in (idle, busy):
-                print(excerpt(world, agent, width=30))
-        assert rungs == ["restart", "restart"], rungs
-        for agent in (idle, busy):
-            assert world.agent(agent)["sandbox_id"] == sids[agent], "the same container, started again"
-        interrupted = [e["data"] for e in world.events(busy) if e["type"] == "turn.interrupted"]
-        assert len(interrupted) == 1, interrupted
+        # One agent per moment the reboot finds it at (the model call in flight
+        # is the gateway's `think:`, the built-in harness's; Pi's row skips it).
+        moments = [IDLE, MID_TOOL, HELD] + ([MID_MODEL] if harness == "builtin" else [])
+        agents = {m: world.spawn({**demo, "checkpoint": m == IDLE}, f"write before.txt: {m}")
+                  for m in moments}
+        assert not invariants.settle(world, list(agents.values()), invariants.WAIT_SETTLE)
+        sids = {a: world.agent(a)["sandbox_id"] for a in agents.values()}
+        reboots = mid_turn_repeats(REBOOTS[harness])
+        for r in range(1, reboots + 1):
+            reboot_once(world, server, engine, agents, sids, fault_row, r)
+        for m in (MID_TOOL, MID_MODEL):
+            if m in agents:
+                interrupted = [e["data"] for e in world.events(agents[m])
+                               if e["type"] == "turn.interrupted"]
+                assert len(interrupted) == reboots, (m, interrupted)
+        assert set(fault_row.rungs) == {"restart"}, fault_row.rungs
         assert not fault_row.violations, "\n".join(fault_row.violations)
     finally:
         if world is not None:
@@ -105,3 +91,46 @@ def test_machine_reboot(harness, fault_row):
         engine.stop()
         if server is not None:
             server.__exit__(None, None, None)
+
+
+def reboot_once(world, server, engine, agents: dict, sids: dict, row, r: int) -> None:
+    """One reboot with every agent placed at its moment; the ladder restarts
+    each in the same container with /root intact; every invariant holds."""
+    placed = [place(world, a, m, f"b{r}-{m[:4]}", hold_s=30, queue_behind=True)
+              for m, a in agents.items()]
+    checked = [verify(world, p) for p in placed]
+    row.violations += [f"reboot {r}: {why}" for _, why in checked if why]
+    row.placements.update(where for where, _ in checked)
+    before = {a: restored_count(world.events(a)) for a in agents.values()}
+
+    server.kill()
+    killed = engine.reboot()
+    print(f"[faults] reboot {r}: SIGKILLed {({k: len(v) for k, v in killed.items()})}")
+    assert killed["dockerd"] and killed["shim"] and killed["container"], killed
+    engine.start()
+    states = {a: engine.docker("inspect", "-f", "{{.State.Status}}", sid).stdout.decode().strip()
+              for a, sid in sids.items()}
+    assert set(states.values()) == {"exited"}, states
+    for p in placed:
+        p.release(world)
+    server.start()
+
+    rungs = []
+    for agent in agents.values():
+        events = world.wait_for(agent, lambda evs, a=agent: restored_count(evs) > before[a],
+                                "the ladder after the reboot")
+        new = [e for e in events if e["type"] in ("agent.restored", "agent.lost")][before[agent]:]
+        rungs += [e["data"].get("rung", "lost") for e in new]
+    row.add_rungs(rungs)
+    violations = invariants.check(world)
+    row.iterations += len(agents)
+    row.violations += [f"reboot {r}: {v}" for v in violations]
+    print(f"[faults] reboot {r}: kills at {[w for w, _ in checked]}, rungs {rungs}, "
+          f"{len(violations)} violation(s)", flush=True)
+    if violations:
+        print("\n".join(violations))
+        for agent in agents.values():
+            print(excerpt(world, agent, width=30))
+    assert rungs == ["restart"] * len(agents), rungs
+    for agent in agents.values():
+        assert world.agent(agent)["sandbox_id"] == sids[agent], "the same container, started again"

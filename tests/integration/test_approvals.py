@@ -6,7 +6,6 @@ tests/integration/worlds.py; docker is skipped loudly without an engine)."""
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import httpx
@@ -14,7 +13,7 @@ import pytest
 
 from tests.integration.test_credentials import nowhere_but_the_credential_table, store_secret
 from tests.integration.test_ladder import remove_sandbox, settled_once
-from tests.integration.worlds import count_of, events_of
+from tests.integration.worlds import count_of, events_of, wait_looked_at
 
 
 HOLD = {"model": "demo", "credentials": [{"name": "tok", "env": "TOK", "approval": "hold"}]}
@@ -51,7 +50,7 @@ def test_a_held_credential_waits_for_approval_and_asks_again_after_the_sandbox_i
     events = world.wait_for(agent, lambda evs: _requests(evs), "an approval request")
     req = _requests(events)[0]["data"]
     assert req["bindings"] == ["tok"] and req["reason"] == "first_start"
-    time.sleep(4)  # more than a supervisor scan: it must keep waiting, and ask only once
+    wait_looked_at(world, agent)  # the worker took it up again (twice): still waiting, asked once
     detail = world.get(f"/api/agents/{agent}")
     assert detail["sandbox_id"] is None and detail["status"] == "starting"
     assert detail["status_reason"] == "waiting for approval of credential(s) tok"
@@ -80,7 +79,7 @@ def test_a_held_credential_waits_for_approval_and_asks_again_after_the_sandbox_i
                             "a second approval request")
     assert _requests(events, "sandbox_replaced")[0]["data"]["bindings"] == ["tok"]
     world.send(agent, "prompt", "run: echo again-${TOK:+set}")
-    time.sleep(4)
+    wait_looked_at(world, agent)
     detail = world.get(f"/api/agents/{agent}")
     assert detail["status"] == "restoring", detail
     assert detail["status_reason"] == "waiting for approval of credential(s) tok"

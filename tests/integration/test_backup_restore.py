@@ -96,10 +96,19 @@ def test_backup_wipe_restore_and_the_agent_finds_its_files(kind, tmp_path):
     if kind == "docker":
         ensure_docker()
     env = {"ALINEO_SANDBOX": kind, "ALINEO_SANDBOX_LABELS": LABEL}
-    backups = tmp_path / "backups"
-    old = LiveServer(env=env)
     new_dir = Path(tempfile.mkdtemp(prefix="restored-", dir=parent_dir()))
-    new = LiveServer(env=env, data_dir=new_dir)
+    backup_wipe_restore(kind, LiveServer(env=env), LiveServer(env=env, data_dir=new_dir),
+                        tmp_path / "backups")
+
+
+def backup_wipe_restore(kind: str, old: LiveServer, new: LiveServer, backups: Path, *,
+                        engine: str = "sqlite", refused: str = "not empty") -> None:
+    """The scenario: `old` (not started) serves, is backed up online and lost;
+    the bundle is restored for `new` (its data dir empty; on PostgreSQL its
+    DATABASE_URL an empty database, from tests/scaleout/test_faults_pg.py),
+    which brings the agent back. `refused`: what a second restore without
+    --force says."""
+    new_dir = new.data_dir
     try:
         # --- the old machine: two turns, each checkpointed ---------------------------------------
         old.start()
@@ -118,7 +127,7 @@ def test_backup_wipe_restore_and_the_agent_finds_its_files(kind, tmp_path):
         w.send(agent, "prompt", "say: still serving after the backup")  # it never stopped
         w.wait_turns(agent, 3)
         manifest = json.loads((bundle / "manifest.json").read_text())
-        assert manifest["database"]["engine"] == "sqlite"
+        assert manifest["database"]["engine"] == engine
         assert len([f for f in manifest["files"] if f["path"].startswith("data/checkpoints/")]) == 2
         if kind == "docker":
             assert [i["tag"] for i in manifest["images"]], manifest["images_note"]
@@ -146,7 +155,7 @@ def test_backup_wipe_restore_and_the_agent_finds_its_files(kind, tmp_path):
 
         # A restore into the now non-empty data dir is refused without --force.
         again = new.manage("restore", "--from", str(backups), check=False)
-        assert again.returncode != 0 and "not empty" in again.stderr
+        assert again.returncode != 0 and refused in again.stdout + again.stderr, again
 
         # --- the new machine: the transcript is there; the agent comes back and works -------------
         new.start()

@@ -9,8 +9,10 @@ import time
 import pytest
 
 from sandboxes.backends.base import SandboxStatus
+from tests.integration.test_approvals import HOLD
+from tests.integration.test_credentials import store_secret
 from tests.integration.worlds import (
-    LABEL, WAIT, World, cleanup_sandboxes, ensure_docker, events_of, assert_sound)
+    LABEL, WAIT, World, cleanup_sandboxes, ensure_docker, events_of, assert_sound, wait_looked_at)
 from tests.live import LiveServer
 
 
@@ -51,7 +53,15 @@ def test_an_idle_agent_is_unloaded_and_a_prompt_brings_it_back(idle_world):
     while _sandbox_state(world, sandbox) is SandboxStatus.RUNNING:
         assert time.monotonic() < deadline, "the sandbox was not stopped"
         time.sleep(0.2)
-    time.sleep(4)  # the watcher runs every 3 s: it must leave an unloaded agent alone
+    # The watcher runs in the worker's scans: it must leave an unloaded agent
+    # alone. A witness whose held credential keeps it waiting is taken up at
+    # every scan (its lease re-claimed); three of them since, and the watcher
+    # has had its look.
+    store_secret(world, "tok", "witness-secret")
+    witness = world.spawn(HOLD, "say: never runs")
+    world.wait_for(witness, lambda evs: events_of(evs, "credential.approval_requested"),
+                   "the witness waiting for approval")
+    wait_looked_at(world, witness, times=3)
     assert _sandbox_state(world, sandbox) is not SandboxStatus.RUNNING
     assert not events_of(world.events(agent), "agent.restored")
 

@@ -23,6 +23,7 @@ from tests.integration.worlds import (  # noqa: F401  (shared with other suites)
     WAIT,
     World,
     cleanup_sandboxes,
+    command_state,
     count_of,
     ensure_docker,
     events_of,
@@ -244,8 +245,15 @@ def test_pause_holds_at_a_step_boundary_and_resume_goes_on(world):
     world.send(agent, "pause")
     events = world.wait_for(agent, lambda evs: events_of(evs, "turn.held"), "the turn held")
     assert not events_of(events, "turn.finished")  # the step in flight finished; the turn waits
-    world.send(agent, "prompt", "say: after the pause")
-    time.sleep(1.0)  # give a wrongly running agent the chance to go on
+    prompt = world.send(agent, "prompt", "say: after the pause")["command"]
+    # A steer after it, which the worker delivers while paused: once it is
+    # acted on, the worker has passed the prompt (commands go in id order).
+    steer = world.send(agent, "steer", "say: steered while held")["command"]
+    deadline = time.monotonic() + WAIT
+    while command_state(world, int(steer)) == "pending":
+        assert time.monotonic() < deadline, "the steer was never acted on"
+        time.sleep(0.1)
+    assert command_state(world, int(prompt)) == "pending"  # held back, not handed to the bridge
     events = world.events(agent)
     assert not events_of(events, "turn.finished") and world.get(f"/api/agents/{agent}")["status"] == "paused"
     world.send(agent, "resume")

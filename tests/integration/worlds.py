@@ -67,10 +67,10 @@ def cleanup_sandboxes(server: LiveServer, kind: str) -> None:
             backend.remove(handle.id)
 
 
-def start_server(kind: str) -> LiveServer:
+def start_server(kind: str, env: dict[str, str] | None = None) -> LiveServer:
     if kind == "docker":
         ensure_docker()
-    return LiveServer(env={"ALINEO_SANDBOX": kind, "ALINEO_SANDBOX_LABELS": LABEL})
+    return LiveServer(env={"ALINEO_SANDBOX": kind, "ALINEO_SANDBOX_LABELS": LABEL, **(env or {})})
 
 
 class World:
@@ -124,6 +124,38 @@ class World:
     def wait_turns(self, agent_id: str, n: int, timeout: float = WAIT) -> list[dict]:
         return self.wait_for(agent_id, lambda evs: count_of(evs, "turn.finished") >= n,
                              f"{n} finished turn(s)", timeout)
+
+
+def db_value(w: World, sql: str, params: list):
+    """One value read straight from the server's SQLite file (read-only), or None."""
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{w.server.data_dir / 'alineo.sqlite3'}?mode=ro", uri=True,
+                           timeout=30)
+    try:
+        row = conn.execute(sql, params).fetchone()
+    finally:
+        conn.close()
+    return row[0] if row else None
+
+
+def command_state(w: World, command: int) -> str | None:
+    return db_value(w, "SELECT state FROM agent_sessions_command WHERE id = ?", [command])
+
+
+def wait_looked_at(w: World, agent_id: str, times: int = 2, timeout: float = WAIT) -> None:
+    """Until the worker has taken up `agent_id` again `times` times from now
+    (its lease re-claimed: a supervisor scan, which also runs the watcher, or
+    a wake-up) — the event a negative proof waits for instead of a sleep."""
+    sql = "SELECT expires_at FROM agent_sessions_agentlease WHERE agent_id = ?"
+    seen, last = 0, db_value(w, sql, [agent_id])
+    deadline = time.monotonic() + timeout
+    while seen < times:
+        assert time.monotonic() < deadline, f"the worker did not look at {agent_id} again"
+        time.sleep(0.1)
+        now = db_value(w, sql, [agent_id])
+        if now != last:
+            seen, last = seen + 1, now
 
 
 def remove_sandbox(w: World, sid: str) -> None:

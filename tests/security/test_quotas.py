@@ -27,7 +27,8 @@ from sandboxes.backends.base import SandboxStatus
 from sessions import commands
 from sessions.models import Agent, ApiToken, Command, Event, Workspace
 from sessions.specs import LIMIT_MAX
-from tests.integration.worlds import WAIT, World, cleanup_sandboxes, events_of, start_server
+from tests.integration.worlds import (
+    WAIT, World, cleanup_sandboxes, events_of, start_server, wait_looked_at)
 from tests.live import SSEStream
 from tests.unit.api.conftest import Caller, assert_error
 
@@ -211,7 +212,9 @@ async def test_open_streams_beyond_the_users_quota_are_a_429_with_a_json_body(
 
 @pytest.fixture(scope="module")
 def server():
-    live = start_server("local")
+    # An idle agent gives its slot up after 2 s of quiet (10 by default): the
+    # slot test waits for that twice.
+    live = start_server("local", env={"ALINEO_MAKE_ROOM_S": "2"})
     live.start()
     try:
         yield live
@@ -316,12 +319,12 @@ def test_an_agent_beyond_the_sandboxes_waits_for_a_slot_and_says_so(server):
     assert detail["status"] == "starting" and detail["sandbox_id"] is None
     assert "1 of 1 in use" in detail["status_reason"]
     assert "max_sandboxes" in detail["status_reason"]
-    time.sleep(4)  # more than a supervisor scan: it keeps waiting, and says so once
+    wait_looked_at(world, b)  # the worker took b up again (twice): it keeps waiting, says so once
     waits = [e for e in events_of(world.events(b), "agent.status")
              if e["data"]["reason"].startswith("waiting for a sandbox slot")]
     assert len(waits) == 1
 
-    # a is idle: it gives its slot up (unloaded after 10 s of quiet), and b runs.
+    # a is idle: it gives its slot up (unloaded after ALINEO_MAKE_ROOM_S of quiet), and b runs.
     _wait(world, lambda: events_of(world.events(b), "turn.finished"), "b's turn")
     assert events_of(world.events(a), "agent.unloaded")
     reasons = [e["data"]["reason"] for e in events_of(world.events(b), "agent.status")]

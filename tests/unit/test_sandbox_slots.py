@@ -14,7 +14,7 @@ from django.db import connection
 from sessions import journal
 from sessions.models import Agent, Event, Workspace
 from sessions.worker import slots
-from sessions.worker.driver import MAKE_ROOM_S, IdleClock
+from sessions.worker.driver import IdleClock
 
 
 @pytest.fixture
@@ -141,14 +141,15 @@ def test_two_claims_for_the_last_slot_cannot_both_win(make, workspace, monkeypat
 
 def test_an_idle_sandbox_makes_room_sooner_when_another_agent_waits(monkeypatch, settings):
     settings.ALINEO_IDLE_UNLOAD_S = 1800
+    settings.ALINEO_MAKE_ROOM_S = room = 10.0
     clock = IdleClock(cursor=7)
     now = [clock.since]
     monkeypatch.setattr("sessions.worker.driver.time.monotonic", lambda: now[0])
-    now[0] += MAKE_ROOM_S + 1
+    now[0] += room + 1
     assert not clock.due(7) and clock.due(7, make_room=True)
     assert not clock.due(8, make_room=True)  # a new event: quiet again from now
     settings.ALINEO_IDLE_UNLOAD_S = 0  # idle unload off: only to make room
-    now[0] += MAKE_ROOM_S + 1
+    now[0] += room + 1
     assert not clock.due(8) and clock.due(8, make_room=True)
 
 

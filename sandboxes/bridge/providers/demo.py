@@ -1,8 +1,14 @@
 """The demo model: offline, deterministic, and always labelled "[demo]".
 
 It reads the directives of the latest user message (prompt or steer), one a
-line: run:, write <path>:, read:, spawn:, sleep:, say: (directives.py, the one
-definition, shared with the control plane's model gateway).
+line: run:, write <path>:, read:, spawn:, sleep:, think:, say: (directives.py,
+the one definition, shared with the control plane's model gateway).
+
+`think: N` makes the first model call of the message take N seconds (it
+streams "[demo] thinking" first, then waits on the turn's cancel token, so an
+interrupt ends it at once): a model call in flight at a known moment, for
+the fault tests. The gateway's demo upstream (sessions/gateway/demo.py)
+thinks the same way.
 
 All tool directives of a message become ONE step with several tool calls, run
 in order. Once their results are in, the next step is a final answer that
@@ -26,7 +32,12 @@ class DemoProvider(Provider):
         if results:
             result = StepResult(_summary(results), [], "end_turn")
         else:
-            result = _plan(last_user, request.turn, request.step)
+            planned = directives.plan(last_user)
+            if planned.think_s:
+                on_delta(THINKING)
+                if cancel.wait(planned.think_s):
+                    cancel.check()
+            result = _plan(planned, request.turn, request.step)
         for chunk in directives.chunks(result.text):
             on_delta(chunk)
         return result
@@ -43,8 +54,11 @@ def _latest(messages: list[dict]) -> tuple[str, list[dict]]:
     return "", list(reversed(results))
 
 
-def _plan(text: str, turn: int, step: int) -> StepResult:
-    planned = directives.plan(text)
+#: What a thinking demo model call streams before it waits.
+THINKING = "[demo] thinking … "
+
+
+def _plan(planned: directives.Plan, turn: int, step: int) -> StepResult:
     calls = [ToolCall(f"demo-{turn}-{step}-{n}", d.name, d.input)
              for n, d in enumerate(planned.calls, 1)]
     return StepResult(planned.reply, calls, "tool_use" if calls else "end_turn")

@@ -94,3 +94,28 @@ def test_a_second_bridge_on_the_same_home_is_refused(make_bridge):
     assert second.returncode == 3
     assert "refusing to run the session twice" in second.stderr.decode()
     assert bridge.client.ok("status")["state"] == "idle"
+
+
+def test_think_holds_the_model_call_until_an_abort_ends_it(make_bridge):
+    """`think: N`: the model call itself is in flight for N s (the fault tests
+    place kills there); an abort ends it at once and nothing it planned runs."""
+    bridge = make_bridge()
+    client = bridge.client
+    client.ok("prompt", text="think: 300\nwrite planned.txt: never")
+    client.wait_type("turn.started")
+    assert client.ok("status")["state"] == "running"
+    assert client.ok("abort")["aborted"] is True  # still in the model call after 300 s? no:
+    events = client.wait_type("turn.interrupted")  # ended by the abort, not by the clock
+    assert "tool.dispatched" not in types(events) and "message.assistant" not in types(events)
+    assert not Path(bridge.home, "planned.txt").exists()
+    nxt = client.run_turn("think: 0.1\nsay: thought", after=events[-1]["bseq"])
+    assert nxt[-1]["type"] == "turn.finished" and nxt[-1]["data"]["text"] == "[demo] thought"
+
+
+def test_think_directives_add_up_and_are_bounded():
+    from sandboxes.bridge import directives
+
+    assert directives.plan("think: 2.5\nthink: 1\nsay: x").think_s == 3.5
+    assert directives.plan("think: 99999").think_s == directives.MAX_THINK_S
+    plain = directives.plan("think: a while")  # not a number: plain text, no think
+    assert plain.think_s == 0 and plain.reply == directives.NO_DIRECTIVE

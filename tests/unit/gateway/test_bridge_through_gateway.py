@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 
 import openai
 import pytest
@@ -179,3 +180,20 @@ def test_a_spent_budget_ends_the_bridges_turn_as_budget_exceeded(loop, run_home,
     error = next(e for e in events if e["type"] == "model.error")["data"]["message"]
     assert "HTTP 429" in error and "120 of 100 tokens" in error
     assert journal.exceeded_with == [journal.refusal]
+
+
+def test_think_holds_the_gateway_model_call_until_an_abort_ends_it(gateway, bridge):
+    """`think: N` at the gateway's demo upstream: the model call is in flight
+    for N s (tests/faults/placed.py places kills there); an abort ends it."""
+    bridge.start()
+    client = bridge.client
+    client.ok("prompt", text="think: 300\nwrite planned.txt: never")
+    client.wait_type("turn.started")
+    assert client.ok("abort")["aborted"] is True  # still thinking: not finished by itself
+    events = client.wait_type("turn.interrupted")
+    kinds = [e["type"] for e in events]
+    assert "tool.dispatched" not in kinds and "message.assistant" not in kinds, kinds
+    assert not os.path.exists(os.path.join(bridge.home, "planned.txt"))
+    t0 = time.monotonic()
+    assert _turn(bridge, "think: 1\nsay: thought")[-1]["data"]["text"] == "[demo] thought"
+    assert time.monotonic() - t0 >= 1.0  # a lower bound only: load can only lengthen it
