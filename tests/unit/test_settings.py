@@ -47,6 +47,7 @@ def test_the_defaults_load(tmp_path):
     ({"ALINEO_MODEL_PRICES": "cheap"}, "ALINEO_MODEL_PRICES"),
     ({"ALINEO_MODEL_PRICES": '{"openai:x": {"input": -1}}'}, "ALINEO_MODEL_PRICES"),
     ({"ALINEO_MODEL_PRICES": '{"openai:x": {"inputs": 1}}'}, "ALINEO_MODEL_PRICES"),
+    ({"ALINEO_MAKE_ROOM_S": "0"}, "ALINEO_MAKE_ROOM_S"),
 ])
 def test_a_value_that_cannot_be_meant_stops_the_start_naming_its_variable(tmp_path, env, named):
     done = _load(tmp_path, **env)
@@ -93,3 +94,10 @@ def test_https_makes_the_cookies_secure_and_trusts_the_proxys_scheme(tmp_path):
         "[True, True, ('HTTP_X_FORWARDED_PROTO', 'https'), 0, True, 'Lax', 'Lax', True]")
     assert _values(tmp_path, "SECURE_HSTS_SECONDS", ALINEO_HTTPS="1", ALINEO_HSTS_S="31536000") == (
         "[31536000]")
+
+
+def test_make_room_and_the_test_hold_have_working_defaults(tmp_path):
+    names = "ALINEO_MAKE_ROOM_S ALINEO_TEST_HOLD_DIR"
+    assert _values(tmp_path, names) == "[10.0, '']"  # the hold is off unless a test sets it
+    assert _values(tmp_path, names, ALINEO_MAKE_ROOM_S="2", ALINEO_TEST_HOLD_DIR="/h") == (
+        "[2.0, '/h']")
