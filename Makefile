@@ -23,6 +23,8 @@ UNIT_JOBS ?= 2
 # a test file to a worker (--dist loadfile keeps a module's server on one), each
 # with its own ALINEO_DATA_DIR so its clean-up never touches another's sandboxes.
 LIVE_JOBS ?= 2
+# 1: the PostgreSQL pass runs its unit tests beside tests/scaleout (see `test`).
+PG_UNIT_BESIDE ?= 0
 
 .PHONY: help setup run test migrate bench mutants clean
 
@@ -83,10 +85,12 @@ run: migrate
 #      no django_db marker or db fixture: pytest-django refuses them any query,
 #      so they run the same code on every engine) and the scale-out tests, which
 #      need several processes on one database (with tests/scaleout/
-#      test_faults_pg.py: kill -9, sandbox loss, backup/restore). The two run
-#      side by side when UNIT_JOBS > 1 (the unit tests on xdist workers, with
-#      their own test databases test_*_gwN, Redis database 15 and data dir;
-#      their output is printed after the scale-out tests'). The
+#      test_faults_pg.py: kill -9, sandbox loss, backup/restore). With
+#      PG_UNIT_BESIDE=1 (and UNIT_JOBS > 1) the two run side by side (the unit
+#      tests on xdist workers, with their own test databases test_*_gwN, Redis
+#      database 15 and data dir; their output printed after the scale-out
+#      tests'): ~1 min sooner, but the CPU-bound unit tests then starve the
+#      scale-out tests' lease timing on 2 cores, so it is off by default. The
 #      services come from ALINEO_TEST_DATABASE_URL + ALINEO_TEST_REDIS_URL when
 #      both are set, else, as root, from .ci/services-up (Debian's postgresql and
 #      redis-server on 127.0.0.1, stopped again afterwards if this run started them).
@@ -151,8 +155,8 @@ test: setup
 	  echo "== make test, pass 2/2: PostgreSQL + Redis: pytest $(PG_PYTEST_ARGS)"; \
 	  mkdir -m 700 -p "$$data_dir/pg"; pg_status=0; \
 	  pass2() { DATABASE_URL="$$db_url" REDIS_URL="$$redis_url" ALINEO_TEST_PASS=postgresql ALINEO_DATA_DIR="$$data_dir/pg" $(PY) -m pytest "$$@"; }; \
-	  if [ '$(PG_PYTEST_ARGS)' = 'tests/unit tests/scaleout -m "not sqlite_only"' ] && [ "$(UNIT_JOBS)" = 1 ]; then \
-	    pass2 tests/unit -m "not sqlite_only" || pg_status=$$?; \
+	  if [ '$(PG_PYTEST_ARGS)' = 'tests/unit tests/scaleout -m "not sqlite_only"' ] && { [ "$(UNIT_JOBS)" = 1 ] || [ "$(PG_UNIT_BESIDE)" != 1 ]; }; then \
+	    pass2 tests/unit -m "not sqlite_only" $(if $(filter-out 1,$(UNIT_JOBS)),-n $(UNIT_JOBS)) || pg_status=$$?; \
 	    pass2 tests/scaleout -m "not sqlite_only" || { s=$$?; [ "$$pg_status" != 0 ] || pg_status=$$s; }; \
 	  elif [ '$(PG_PYTEST_ARGS)' = 'tests/unit tests/scaleout -m "not sqlite_only"' ]; then \
 	    unit_redis=$$(printf '%s' "$$redis_url" | sed -E 's#(://[^/]*)(/[0-9]*)?$$#\1/15#'); \

@@ -334,9 +334,11 @@ class AgentDriver:
     async def _act_on_commands(self, relay_task) -> bool:
         """Act on pending commands in id order; True once the agent is stopped."""
         self.paused = await store.paused(self.agent_id)
-        if held_by_test(self.agent_id):
-            return False  # they stay pending; the next wake-up or safety poll looks again
         for cmd in await store.pending(self.agent_id):
+            # Looked at after the rows were read, so a hold made before a
+            # command was journaled always holds it.
+            if held_by_test(self.agent_id):
+                return False  # they stay pending; the next wake-up or safety poll looks again
             if cmd.verb == "stop":
                 await self._stop(cmd, relay_task)
                 return True
