@@ -67,11 +67,13 @@ class PiCommand:
                         "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0}}]}}}
         self.agent_dir.mkdir(parents=True, exist_ok=True)
         _write_atomic(self.agent_dir / "models.json", json.dumps(models, indent=1))
-        # No retries in Pi: a failed call settles the turn (as with the built-in
-        # harness), and a spent budget's 429 must not be asked again (the
-        # OpenAI SDK's own retries, then Pi's agent-level ones).
+        # No agent-level retries in Pi: the failed call's error settles the
+        # turn (as with the built-in harness), so a retry would go on behind
+        # the settled turn. The SDK's own retries stay (a connection cut by a
+        # control-plane restart is asked again, through the forwarder's wait);
+        # a spent budget's 429 says x-should-retry: false.
         _write_atomic(self.agent_dir / "settings.json", json.dumps(
-            {"retry": {"enabled": False, "provider": {"maxRetries": 0}}}, indent=1))
+            {"retry": {"enabled": False}}, indent=1))
 
     def argv(self) -> list[str]:
         # Without the trap handler V8 reserves no ~10 GB of address space per
