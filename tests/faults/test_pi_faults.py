@@ -9,8 +9,10 @@ Pi's conversation continues, asserted from the gateway's journal
 every fault the next call carries at least what the last finished turn's
 calls did, and the last call more than the first.
 
-The kills are cheap so that many fit the make test budget: three Pi agents
-share one control plane (each kill lands on all of them), short steps, and
+The kills are cheap so that many fit the make test budget: one server per
+backend serves every scenario of the module (its start, with migrations, is
+most of a scenario's fixed cost), three Pi agents share it during the kills
+(each kill lands on all of them), short steps, and
 between kills only the transcript invariants (every turn settled once, every
 acknowledged command acted on once, no fact twice); the full check (each
 agent answers a prompt and has its files) every FULL_CHECK_EVERY kills and
@@ -70,21 +72,49 @@ def conversation_carried(world: World, agent: str) -> list[str]:
     return out
 
 
-@contextlib.contextmanager
-def served(kind: str, actor: str):
-    """A live server on `kind` and a World for `actor`; everything removed after."""
+def pi_layer(install) -> str:
+    """The base image with Pi as a layer, made before the first scenario
+    needs it: made once per image (~60 s under load), it would otherwise
+    land inside a scenario's settle wait."""
+    from sandboxes import images
+    from sandboxes.backends.docker import DockerBackend
+    from sandboxes.harnesses import HARNESS_DIR
+    from sandboxes.setup import ensure_harness_layer
+
+    tag, _ = images.ensure_base_image()
+    return ensure_harness_layer(DockerBackend(), tag, install, HARNESS_DIR)
+
+
+@pytest.fixture(scope="module", params=["local", "docker"])
+def pi_server(request, pi_installed):
+    """One live server per backend for every scenario of this module (each
+    with an actor of its own): a server's start (migrations, boot) is most of
+    a scenario's fixed cost. Its sandboxes are removed after the last."""
+    kind = request.param
     server = make_server(kind)
+    server.kind = kind
+    if kind == "docker":
+        pi_layer(pi_installed)
     server.start()
-    world = None
     try:
-        world = World(server, kind, server.create_actor(actor))
-        yield world
+        yield server
     finally:
-        if world is not None:
-            world.close()
         server.stop()
         cleanup_sandboxes(server, kind)
         server.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def served(server, actor: str):
+    """A World for a new `actor` on the module's server (running again if a
+    scenario left it killed)."""
+    if server.proc is None or server.proc.poll() is not None:
+        server.start()
+    world = World(server, server.kind, server.create_actor(actor))
+    try:
+        yield world
+    finally:
+        world.close()
 
 
 def _work(rng: random.Random, i: int, agent: str) -> str:
@@ -95,12 +125,12 @@ def _work(rng: random.Random, i: int, agent: str) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("kind", ["local", "docker"])
-def test_pi_kill_minus_nine_of_the_control_plane(kind, fault_row):
+def test_pi_kill_minus_nine_of_the_control_plane(pi_server, fault_row):
+    kind = pi_server.kind
     rng = random.Random(f"{SEED}:pi:{kind}")
     fault_row.seed, fault_row.scenario = SEED, f"kill -9 control plane, pi ({kind})"
     print(f"\n[faults] pi: kill -9 of the control plane on {kind}: seed {SEED}, {ITERATIONS} kills")
-    with served(kind, "pia") as world:
+    with served(pi_server, "pia") as world:
         server = world.server
         agents = [world.spawn({**PI, "checkpoint": True}, "write base.txt: base-of-first"),
                   world.spawn(PI, "write base.txt: base-of-second"),
@@ -115,12 +145,15 @@ def test_pi_kill_minus_nine_of_the_control_plane(kind, fault_row):
             time.sleep(delay)
             fault_row.placements.update(placement(world, agents))
             server.kill()
+            booted = time.monotonic()
             server.start()
+            checked = time.monotonic()
             full = i % FULL_CHECK_EVERY == 0 or i == ITERATIONS
             violations = invariants.check(world, agents, probe=full)
             fault_row.iterations = i
-            print(f"[faults] pi {kind} kill {i}/{ITERATIONS} after {delay:.2f} s"
-                  f"{' (full check)' if full else ''}: {len(violations)} violation(s)", flush=True)
+            print(f"[faults] pi {kind} kill {i}/{ITERATIONS} after {delay:.2f} s (boot "
+                  f"{checked - booted:.1f} s, check {time.monotonic() - checked:.1f} s"
+                  f"{', full' if full else ''}): {len(violations)} violation(s)", flush=True)
             if violations:
                 fault_row.violations += [f"seed {SEED} iteration {i}: {v}" for v in violations]
                 for agent in agents:
@@ -130,11 +163,11 @@ def test_pi_kill_minus_nine_of_the_control_plane(kind, fault_row):
         assert not fault_row.violations, "\n".join(fault_row.violations[:30])
 
 
-@pytest.mark.parametrize("kind", ["local", "docker"])
 @pytest.mark.parametrize("fault", ["bridge_killed", "sandbox_removed"])
-def test_pi_sandbox_faults(kind, fault, fault_row):
+def test_pi_sandbox_faults(pi_server, fault, fault_row):
+    kind = pi_server.kind
     fault_row.scenario = f"{fault}, pi ({kind})"
-    with served(kind, "pib") as world:
+    with served(pi_server, f"pib-{fault.replace('_', '-')}") as world:
         agent = world.spawn({**PI, "checkpoint": True}, "write first.txt: first-pi")
         assert not invariants.settle(world, [agent], invariants.WAIT_SETTLE)
         act = kill_bridge if fault == "bridge_killed" else remove_sandbox
