@@ -101,12 +101,6 @@ def _check_together(spec: dict[str, Any]) -> None:
             'packages need network: host (they are installed from the Debian mirror at '
             'setup); set "network": "host" or install nothing',
         )
-    if spec["harness"] == harnesses.PI and spec["hooks"].get("pre_tool_use"):
-        raise SpecError(
-            "hooks.pre_tool_use",
-            "the pi harness runs its tools itself and has no pre_tool_use hook; "
-            "use session_start and stop, or the built-in harness (docs/HARNESSES.md)",
-        )
     provider = spec["model"].partition(":")[0]
     key_env = PROVIDER_KEY_ENV.get(provider)
     if key_env and key_env not in {b["env"] for b in spec["credentials"]}:

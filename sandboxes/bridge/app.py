@@ -15,8 +15,9 @@ from .harness import Harness
 from .hooks import Hooks
 from .ops import Ops
 from .pi import PiHarness
+from .pi_extension import BRIDGE_TOOLS, ExtensionConfig
 from .pi_rpc import PI_TOOLS, PiCommand
-from .redact import RedactingFilter, Redactor
+from .redact import RedactingFilter, Redactor, placeholder
 from .providers import make_provider
 from .requests import Requests
 from .runner import SYSTEM_PROMPT, Runner
@@ -106,8 +107,6 @@ def _make_runner(args, config, provider, session, requests, environ: dict) -> Ha
     secrets = cfg.secret_env_names(config)
     tool_env = {k: v for k, v in environ.items() if k not in secrets}
     harness = cfg.harness_config(config)
-    if harness is not None:
-        return _make_pi(args, config, provider, session, tool_env, harness)
     limits = config.get("limits") or {}
     names = ("bash_timeout", "bash_timeout_max", "request_timeout")
     tool_limits = ToolLimits(**{k: float(limits[k]) for k in names if k in limits})
@@ -115,20 +114,28 @@ def _make_runner(args, config, provider, session, requests, environ: dict) -> Ha
     ctx = ToolContext(home=args.home, run_dir=args.run_dir, env=tool_env, requests=requests,
                       emit=lambda *_: None, limits=tool_limits,
                       enabled=frozenset(enabled) if enabled is not None else None)
+    if harness is not None:
+        return _make_pi(args, config, provider, session, ctx, harness)
     return Runner(session, provider, ctx, schemas(config.get("tools")),
                   Hooks(config.get("hooks"), args.home, tool_env),
                   max_steps=int(limits.get("max_steps") or 50),
                   system=config.get("system") or SYSTEM_PROMPT)
 
 
-def _make_pi(args, config, provider, session, tool_env: dict, harness: dict) -> PiHarness:
-    enabled = config.get("tools")
+def _make_pi(args, config, provider, session, ctx: ToolContext, harness: dict) -> PiHarness:
+    enabled, hooks = config.get("tools"), Hooks(config.get("hooks"), args.home, ctx.env)
     tools = tuple(t for t in PI_TOOLS if enabled is None or t in enabled)
+    extension = ExtensionConfig(
+        pre_tool_use=hooks.has("pre_tool_use"),
+        tools=tuple(t for t in BRIDGE_TOOLS if enabled is None or t in enabled),
+        redact=tuple((b["env"], placeholder(str(b.get("name") or b["env"])))
+                     for b in config.get("redact") or []
+                     if isinstance(b, dict) and isinstance(b.get("env"), str)))
     command = PiCommand(node=harness["node"], cli=harness["cli"], home=args.home,
-                        base_url=tool_env["OPENAI_BASE_URL"], api_key=cfg.GATEWAY_KEY,
-                        label=provider.label, tools=tools, env=tool_env)
-    return PiHarness(session, Hooks(config.get("hooks"), args.home, tool_env), provider.label,
-                     command, args.run_dir)
+                        base_url=ctx.env["OPENAI_BASE_URL"], api_key=cfg.GATEWAY_KEY,
+                        label=provider.label, tools=tools, env=ctx.env, extension=extension,
+                        run_dir=args.run_dir)
+    return PiHarness(session, hooks, provider.label, command, ctx)
 
 
 def _shutdown(runner: Harness, server: BridgeServer) -> int:

@@ -20,41 +20,59 @@ turn checkpoint carries it; a restarted bridge starts Pi on it again.
 
 from __future__ import annotations
 
+import copy
+import json
 import logging
 import os
+import threading
 
 from . import conversation as conv
+from .cancel import CancelToken
 from .harness import Harness
 from .hooks import Hooks
+from .pi_extension import ASK_HOOK, DIALOGS, asked, dialog_answer
 from .pi_rpc import PiCommand, PiProcess, exit_code_of, text_of, tool_calls_of
-from .pi_session import write_session
+from .pi_session import redact_file, write_session
 from .session import Session
+from .tools import ToolContext, run_tool
 
 log = logging.getLogger("bridge")
 
 #: How long an aborted prompt may take to end before Pi is restarted.
 ABORT_GRACE_S = 10.0
+#: How the gateway's refusal of a spent budget begins (sessions/gateway/errors.py).
+BUDGET_REFUSAL = "budget_exceeded"
 
 
 class PiHarness(Harness):
     name = "pi"
 
     def __init__(self, session: Session, hooks: Hooks, label: str, command: PiCommand,
-                 run_dir: str):
+                 tool_ctx: ToolContext):
         super().__init__(session, hooks, label)
         self.command = command
-        self.log_path = os.path.join(run_dir, "pi.log")
+        self.tool_ctx = tool_ctx  # the tools the bridge runs for Pi (spawn, memory)
+        self.log_path = os.path.join(tool_ctx.run_dir, "pi.log")
         self.pi: PiProcess | None = None
         self.busy = False  # Pi runs a prompt (until its agent_end)
+        self.cancel = CancelToken()  # the running turn's bridge-run tools and hooks
         self._finished: set[int] = set()
 
     # --- the harness's half ------------------------------------------------------------
+    def pending_requests(self) -> tuple:
+        return tuple(self.tool_ctx.requests.pending())
+
+    def _on_turn_start(self) -> None:
+        self.cancel = CancelToken()
+
     def _cancel_handle(self):
-        return self.pi
+        return self.pi, self.cancel
 
     def _cancel_running(self, handle, reason: str) -> None:
-        if handle is not None:
-            handle.send({"type": "abort"})
+        pi, cancel = handle
+        cancel.cancel(reason)
+        if pi is not None:
+            pi.send({"type": "abort"})
 
     def _deliver_steer(self, text: str) -> None:
         with self.session.lock:
@@ -140,6 +158,9 @@ class PiHarness(Harness):
             if kind == "agent_end":
                 self._agent_end(pi)
                 return
+            if kind == "extension_ui_request":
+                self._dialog(pi, event)
+                return
             cur = self.state["current"]
             if cur is None or "pi_user_seen" not in cur:
                 return  # an aborted prompt's tail, or not ours
@@ -157,6 +178,7 @@ class PiHarness(Harness):
 
     def _agent_end(self, pi: PiProcess) -> None:
         self.busy = False
+        self._redact_session_file()
         cur = self.state["current"]
         if cur is not None and cur["steers"]:
             # Steers that reached Pi after it stopped streaming: one more prompt.
@@ -201,9 +223,11 @@ class PiHarness(Harness):
             self.session.emit("tool.dispatched", {"turn": turn, "tool_call_id": c["id"],
                                                   "name": c["name"], "input": c["input"]})
         if stop == "error":
-            self.session.emit("model.error", {"turn": turn, "message": str(
-                message.get("errorMessage") or "the model call failed")[:2000]})
-            self._settle(cur, "model_error")
+            error = str(message.get("errorMessage") or "the model call failed")[:2000]
+            self.session.emit("model.error", {"turn": turn, "message": error})
+            # The gateway's refusal of a spent budget (a 429 whose message
+            # starts "budget_exceeded:"), as the built-in harness settles it.
+            self._settle(cur, "budget_exceeded" if BUDGET_REFUSAL in error else "model_error")
         self.session.commit()
 
     def _tool_end(self, turn: int, event: dict) -> None:
@@ -225,6 +249,64 @@ class PiHarness(Harness):
             self.session.commit()
         else:
             log.warning("pi refused %s: %s", event.get("command"), event.get("error"))
+
+
+    # --- the extension's questions (pi_extension.py) ------------------------------------
+    def _dialog(self, pi: PiProcess, event: dict) -> None:
+        """An extension dialog (lock held): ours are answered from a thread of
+        their own (a hook or a spawn takes a while; Pi's events go on), any
+        other that waits for an answer is cancelled at once."""
+        request_id = str(event.get("id") or "")
+        question = asked(event)
+        if question is None:
+            if event.get("method") in DIALOGS:
+                pi.send(dialog_answer(request_id, None))
+            return
+        cur = self.state["current"]
+        turn = cur["turn"] if cur is not None else None
+        threading.Thread(target=self._answer, args=(pi, request_id, turn, self.cancel, *question),
+                         name="pi-ask", daemon=True).start()
+
+    def _answer(self, pi: PiProcess, request_id: str, turn: int | None, cancel: CancelToken,
+                title: str, data: dict) -> None:
+        call = {"id": data["toolCallId"], "name": str(data.get("name") or data.get("toolName") or ""),
+                "input": data.get("input") if isinstance(data.get("input"), dict) else {}}
+        if title == ASK_HOOK:
+            answer = self._pre_tool_use(turn, call)
+        else:
+            answer = self._bridge_tool(turn, call, cancel)
+        pi.send(dialog_answer(request_id, json.dumps(answer, ensure_ascii=False)))
+
+    def _pre_tool_use(self, turn: int | None, call: dict) -> dict:
+        env = {"ALINEO_TOOL_NAME": call["name"], "ALINEO_TOOL_CALL_ID": call["id"],
+               "ALINEO_TOOL_INPUT": json.dumps(call["input"])}
+        verdict = self._hook("pre_tool_use", env, {"turn": turn, "tool_call_id": call["id"]})
+        if verdict is None or verdict.verdict == "allow":
+            return {"allow": True}
+        why = verdict.output.strip()[:500]
+        return {"allow": False, "reason": f"denied by the pre_tool_use hook: {why}"}
+
+    def _bridge_tool(self, turn: int | None, call: dict, cancel: CancelToken) -> dict:
+        ctx = copy.copy(self.tool_ctx)
+        ctx.enabled = frozenset(self.command.extension.tools if self.command.extension else ())
+        ctx.emit = lambda type_, data: self._emit_live(turn, type_, data)
+        outcome = run_tool(ctx, call, cancel)
+        return {"output": outcome.output, "is_error": outcome.is_error}
+
+    def _emit_live(self, turn: int | None, type_: str, data: dict) -> None:
+        with self.session.lock:
+            if turn is not None and self._live(turn) is not None:
+                self.session.emit(type_, {"turn": turn, **data})
+                self.session.commit()
+
+    def _redact_session_file(self) -> None:
+        """Bound values out of Pi's own session file (lock held, Pi idle: it
+        appends only while it runs a prompt). The extension already redacts
+        tool results; this catches the rest (a prompt that held a value)
+        before the turn's checkpoint is taken."""
+        redactor = self.session.file.redactor
+        if redactor.values:
+            redact_file(self.command.session_path, redactor)
 
 
 def _tail(path: str, limit: int = 2000) -> str:

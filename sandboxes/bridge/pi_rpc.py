@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .pi_extension import EXTENSION_FILE, ExtensionConfig
+
 log = logging.getLogger("bridge")
 
 PROVIDER = "alineo"
@@ -44,6 +46,9 @@ class PiCommand:
     label: str             # the spec's model, for Pi's display only
     tools: tuple[str, ...]
     env: dict
+    #: The bridge's extension for Pi (pi_extension.py), rewritten at every start.
+    extension: ExtensionConfig | None = None
+    run_dir: str = ""
 
     @property
     def agent_dir(self) -> Path:
@@ -61,20 +66,33 @@ class PiCommand:
                         "input": ["text"], "contextWindow": 128000, "maxTokens": 8192,
                         "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0}}]}}}
         self.agent_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.agent_dir / ".models.json.tmp"
-        tmp.write_text(json.dumps(models, indent=1))
-        os.replace(tmp, self.agent_dir / "models.json")
+        _write_atomic(self.agent_dir / "models.json", json.dumps(models, indent=1))
+        # No agent-level retries in Pi: the failed call's error settles the
+        # turn (as with the built-in harness), so a retry would go on behind
+        # the settled turn. The SDK's own retries stay (a connection cut by a
+        # control-plane restart is asked again, through the forwarder's wait);
+        # a spent budget's 429 says x-should-retry: false.
+        _write_atomic(self.agent_dir / "settings.json", json.dumps(
+            {"retry": {"enabled": False}}, indent=1))
 
     def argv(self) -> list[str]:
         # Without the trap handler V8 reserves no ~10 GB of address space per
         # WebAssembly instance (undici's HTTP parser): under the local
         # sandbox's RLIMIT_AS (its memory_mb) Pi's first fetch would fail.
-        return [self.node, "--disable-wasm-trap-handler", self.cli, "--mode", "rpc", "--provider", PROVIDER, "--model", MODEL_ID,
-                "--session", str(self.session_path), "--tools", ",".join(self.tools)]
+        argv = [self.node, "--disable-wasm-trap-handler", self.cli, "--mode", "rpc",
+                "--provider", PROVIDER, "--model", MODEL_ID, "--session", str(self.session_path),
+                "--tools", ",".join(self.tools + (self.extension.tools if self.extension else ())),
+                # Nothing from the home is loaded (.pi/extensions in the cwd):
+                # only the bridge's own extension, from the run dir.
+                "--no-extensions"]
+        if self.extension is not None and self.extension.wanted:
+            argv += ["--extension", str(Path(self.run_dir) / EXTENSION_FILE)]
+        return argv
 
     def environ(self) -> dict:
+        extra = self.extension.environ() if self.extension is not None else {}
         return {**self.env, "HOME": self.home, "PI_OFFLINE": "1",
-                "PI_CODING_AGENT_DIR": str(self.agent_dir)}
+                "PI_CODING_AGENT_DIR": str(self.agent_dir), **extra}
 
 
 class PiProcess:
@@ -84,6 +102,8 @@ class PiProcess:
                  on_event: Callable[["PiProcess", dict], None],
                  on_exit: Callable[["PiProcess", int | None], None]):
         command.write_models()
+        if command.extension is not None and command.extension.wanted:
+            command.extension.write(command.run_dir)
         command.session_path.parent.mkdir(parents=True, exist_ok=True)
         self._write_lock = threading.Lock()
         with open(log_path, "ab") as err:
@@ -139,6 +159,12 @@ class PiProcess:
                 except Exception:  # noqa: BLE001 - one bad event must not stop the reader
                     log.exception("handling pi's %r event failed", event.get("type"))
         self._on_exit(self, self.proc.wait())
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def text_of(content) -> str:

@@ -61,3 +61,20 @@ def write_session(path: Path, messages: list[dict], cwd: str) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def redact_file(path: Path, redactor) -> bool:
+    """Rewrite Pi's session file with bound values redacted (True: it held
+    some). Pi appends by path, so the renamed file is where it goes on."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    clean = redactor.json_text(text)
+    if clean == text:
+        return False
+    tmp = path.with_name(f".{path.name}.redacted")
+    tmp.write_text(clean, encoding="utf-8")
+    os.chmod(tmp, path.stat().st_mode & 0o777)
+    os.replace(tmp, path)
+    return True

@@ -15,10 +15,15 @@ import logging
 MIN_LEN = 6
 
 
+def placeholder(name: str) -> str:
+    """What a bound value named `name` is replaced with."""
+    return f"[redacted:{name}]"
+
+
 class Redactor:
     def __init__(self, values: dict[str, str] | None = None):
         # value -> placeholder; longest first, so a value inside another goes last
-        kept = {v: f"[redacted:{name}]" for name, v in (values or {}).items()
+        kept = {v: placeholder(name) for name, v in (values or {}).items()
                 if isinstance(v, str) and len(v) >= MIN_LEN}
         self.values = dict(sorted(kept.items(), key=lambda kv: -len(kv[0])))
 
@@ -52,7 +57,11 @@ class Redactor:
 
     def dumps(self, obj) -> str:
         """``obj`` as compact JSON, redacted (what the session file holds)."""
-        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+        return self.json_text(json.dumps(obj, ensure_ascii=False, separators=(",", ":")))
+
+    def json_text(self, text: str) -> str:
+        """JSON text (e.g. a harness's JSONL session file) with every bound
+        value redacted inside its strings, as JSON escapes them."""
         for value, placeholder in self.values.items():
             escaped = json.dumps(value, ensure_ascii=False)[1:-1]
             if escaped in text:

@@ -106,10 +106,10 @@ def _head(status: int, content_type: str, extra: dict[str, str]) -> bytes:
 
 
 async def send_json(writer: asyncio.StreamWriter, status: int, value: dict,
-                    keep_alive: bool = True) -> None:
+                    keep_alive: bool = True, headers: dict | None = None) -> None:
     body = json.dumps(value).encode("utf-8")
     extra = {"content-length": str(len(body)),
-             "connection": "keep-alive" if keep_alive else "close"}
+             "connection": "keep-alive" if keep_alive else "close", **(headers or {})}
     writer.write(_head(status, "application/json", extra) + body)
     await writer.drain()
 

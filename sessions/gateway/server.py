@@ -130,7 +130,12 @@ class GatewayServer:
             await self._dispatch(request, api, writer)
             return request.keep_alive
         except GatewayError as exc:
-            await httpio.send_json(writer, exc.status, _error_body(api, exc), keep_alive=False)
+            # OpenAI's and Anthropic's SDKs (a harness's own model client, e.g.
+            # Pi's) retry a 429 unless told not to: a spent budget is not
+            # asked again (docs/GATEWAY.md).
+            headers = {"x-should-retry": "false"} if exc.permanent else None
+            await httpio.send_json(writer, exc.status, _error_body(api, exc), keep_alive=False,
+                                   headers=headers)
             return False
 
     async def _dispatch(self, request: httpio.Request, api: Api, writer) -> None:

@@ -48,8 +48,9 @@ def test_the_spec_names_a_known_harness():
     assert err.value.field == "harness"
 
 
-def test_pi_has_no_pre_tool_use_hook():
-    with pytest.raises(SpecError) as err:
-        validate({"harness": "pi", "hooks": {"pre_tool_use": "true"}})
-    assert err.value.field == "hooks.pre_tool_use"
-    assert validate({"harness": "pi", "hooks": {"stop": "true"}})["hooks"] == {"stop": "true"}
+def test_pi_takes_every_hook_and_tool_of_the_built_in_harness():
+    # The bridge's extension for Pi runs pre_tool_use, spawn and memory
+    # (sandboxes/bridge/pi_extension.py; tests/harnesses/test_pi_parity.py).
+    hooks = {"session_start": "true", "pre_tool_use": "true", "stop": "true"}
+    spec = validate({"harness": "pi", "hooks": hooks, "tools": ["bash", "spawn", "memory"]})
+    assert spec["hooks"] == hooks and spec["tools"] == ["bash", "spawn", "memory"]

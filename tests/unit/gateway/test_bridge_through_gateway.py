@@ -142,7 +142,7 @@ def test_a_call_cut_by_a_dying_gateway_is_asked_again_of_the_next(loop, run_home
     assert not [e for e in events if e["type"] == "model.error"]
 
 
-class _OverBudget:
+class OverBudget:
     """A journal whose workspace has spent its budget (the real one:
     tests/unit/gateway/test_budget.py)."""
 
@@ -166,7 +166,7 @@ class _OverBudget:
 
 
 def test_a_spent_budget_ends_the_bridges_turn_as_budget_exceeded(loop, run_home, bridge):
-    journal = _OverBudget()
+    journal = OverBudget()
     server = GatewayServer(Route("a-1", DemoUpstream(), journal),
                            os.path.join(run_home[0], "gateway.sock"), max_body=1 << 20)
     loop.run(server.start())
