@@ -119,8 +119,9 @@ def docker_host() -> str:
 
 
 def docker_host_tar() -> bool:
-    """ALINEO_DOCKER_HOST_TAR: may a root control plane tar a container's home
-    from the host side (sandboxes/backends/docker.py explains the fast path)."""
+    """ALINEO_DOCKER_HOST_TAR: may a root control plane tar a container's home,
+    and write a checkpoint into a never-started container, from the host side
+    (sandboxes/backends/overlay.py explains both fast paths)."""
     return _settings().ALINEO_DOCKER_HOST_TAR
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
 
 from sandboxes import config
+from sandboxes.backends import overlay
 from sandboxes.backends.base import (
     CONTAINER_RUN_DIR,
     LABEL_AGENT,
@@ -261,9 +261,9 @@ class DockerBackend(SandboxBackend):
         container's merged dir — the same files exec'd tar would see, without
         streaming them through dockerd (about 2x faster for 50 MB). Otherwise,
         and whenever that cannot be set up safely: exec'd tar in the container."""
-        fd = self._host_home_fd(sandbox_id)
+        fd = self._host_fd(sandbox_id, overlay.merged_home_fd)
         if fd is not None:
-            return self._host_tar(sandbox_id, fd)
+            return overlay.tar_out(sandbox_id, fd)
         client = self.stream_client
         with self._errors(sandbox_id):
             exec_id = client.api.exec_create(
@@ -272,59 +272,18 @@ class DockerBackend(SandboxBackend):
             stream = client.api.exec_start(exec_id, stream=True, demux=True)
         return self._drain_tar(sandbox_id, client, exec_id, stream)
 
-    def _host_home_fd(self, sandbox_id: str) -> int | None:
-        """An O_NOFOLLOW directory fd on the running container's merged /root,
-        or None when the fast path does not apply. The fd (not the path) is what
-        the host tar works in: a container that turned /root into a symlink
-        (to "/etc", say, which the host would resolve to ITS /etc) is refused."""
+    def _host_fd(self, sandbox_id: str, opener) -> int | None:
+        """``opener(info, HOME)`` (sandboxes/backends/overlay.py) when the
+        host-side fast paths apply here (root on the engine's own host), else
+        None; any doubt is None too, and the caller takes the engine's path."""
         if not config.docker_host_tar() or os.geteuid() != 0:
             return None
         if not self.host.startswith("unix://"):  # another machine's engine: its disk is not here
             return None
         try:
-            info = self.client.api.inspect_container(sandbox_id)
-            if info["State"].get("Status") != "running" or info["GraphDriver"]["Name"] != "overlay2":
-                return None
-            merged = info["GraphDriver"]["Data"]["MergedDir"]
-            if not merged or not os.path.isdir(merged):
-                return None
-            top = os.open(merged, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                return os.open("root", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
-            finally:
-                os.close(top)
-        except Exception:  # noqa: BLE001 - any doubt: the exec path
+            return opener(self.client.api.inspect_container(sandbox_id), HOME)
+        except Exception:  # noqa: BLE001 - any doubt: the engine's path
             return None
-
-    def _host_tar(self, sandbox_id: str, fd: int) -> Iterator[bytes]:
-        import subprocess
-
-        try:
-            argv = home_tar_argv(f"/proc/self/fd/{fd}")
-            with tempfile.TemporaryFile() as errf:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=errf, pass_fds=(fd,))
-                try:
-                    while True:
-                        chunk = proc.stdout.read(1 << 20)
-                        if not chunk:
-                            break
-                        yield chunk
-                finally:
-                    proc.stdout.close()
-                    try:
-                        proc.wait(timeout=10)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                    code = proc.wait()
-                errf.seek(0)
-                stderr = errf.read()
-        finally:
-            os.close(fd)
-        if code not in (0, 1):  # 1: "file changed as we read it", a warning
-            raise ExecFailed(
-                f"tar of the home dir of {sandbox_id[:12]} failed with exit code {code}: "
-                + stderr.decode(errors="replace")[-2000:], exit_code=code, stderr=stderr)
 
     def _drain_tar(self, sandbox_id, client, exec_id, stream) -> Iterator[bytes]:
         errors = []
@@ -351,7 +310,15 @@ class DockerBackend(SandboxBackend):
         after its header passed the extraction rules, so the first unsafe entry
         aborts the upload before any of its bytes reach the engine (entries
         before it stay, all inside the home). Checking while streaming saves
-        the spool-then-check pass (~0.3 s for 5,000 files)."""
+        the spool-then-check pass (~0.3 s for 5,000 files).
+
+        A container that was created and never ran (a restore, a fork), with
+        the control plane root on the engine's host: the same checked stream
+        goes to GNU tar on the host, straight into the container's writable
+        layer (sandboxes/backends/overlay.py), at the disk's speed."""
+        fd = self._host_fd(sandbox_id, overlay.upper_home_fd)
+        if fd is not None:
+            return overlay.tar_in(sandbox_id, fd, tar_chunks, config.restore_caps())
         with self._errors(sandbox_id):
             self.stream_client.api.put_archive(sandbox_id, HOME, validated_tar(
                 tar_chunks, config.restore_caps()))

@@ -340,19 +340,7 @@ class HostDirBackend(SandboxBackend):
             proc = subprocess.Popen(home_tar_argv("."), cwd=home, stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=errf,
                                     **self._as_owner(sandbox_id))
-            try:
-                while True:
-                    chunk = proc.stdout.read(1 << 20)
-                    if not chunk:
-                        break
-                    yield chunk
-            finally:
-                proc.stdout.close()  # a consumer that stops early: tar gets SIGPIPE
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                code = proc.wait()
+            code = yield from procs.drain(proc)  # an early stop: tar gets SIGPIPE
             errf.seek(0)
             stderr = errf.read()
         if code not in (0, 1):  # 1: "file changed as we read it", a warning

@@ -10,7 +10,7 @@ import shutil
 import signal
 import subprocess
 from pathlib import Path
-from typing import Iterator
+from typing import Generator, Iterator
 
 
 def proc_stat(pid: int) -> tuple[str | None, int | None]:
@@ -81,6 +81,25 @@ def pids_with_env(name: str, value: str) -> Iterator[int]:
             continue
         if needle in env:
             yield int(entry.name)
+
+
+def drain(proc: subprocess.Popen, wait_s: float = 10) -> Generator[bytes, None, int]:
+    """Yield a child's stdout in 1 MiB chunks, then close it and wait for the
+    child (killed after ``wait_s``); also when the consumer stops early (the
+    child gets SIGPIPE). ``code = yield from drain(proc)`` is its exit status."""
+    try:
+        while True:
+            chunk = proc.stdout.read(1 << 20)
+            if not chunk:
+                break
+            yield chunk
+    finally:
+        proc.stdout.close()
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()
 
 
 def exit_code(returncode: int) -> int:
