@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -190,13 +191,18 @@ def build_fresh(backend: SandboxBackend, launch: Launch, fresh: Fresh) -> str:
 
 
 def _restore_into(backend: SandboxBackend, sid: str, fresh: Fresh) -> None:
-    try:
-        archive.restore_checkpoint(backend, sid, fresh.checkpoint)
-        session = archive.session_in(fresh.checkpoint)
-    except (BackendUnavailable, SandboxNotFound):
-        raise
-    except Exception as exc:  # unsafe, truncated, not zstd, past the restore caps ...
-        raise CheckpointUnusable(f"{type(exc).__name__}: {exc}") from exc
+    # The session file is read in a second pass over the checkpoint, on a
+    # thread of its own while the extraction runs: that one mostly waits on
+    # the disk (tar, the engine), and the pass would otherwise follow it.
+    with ThreadPoolExecutor(1, thread_name_prefix="session-in") as pool:
+        reading = pool.submit(archive.session_in, fresh.checkpoint)
+        try:
+            archive.restore_checkpoint(backend, sid, fresh.checkpoint)
+            session = reading.result()
+        except (BackendUnavailable, SandboxNotFound):
+            raise
+        except Exception as exc:  # unsafe, truncated, not zstd, past the restore caps ...
+            raise CheckpointUnusable(f"{type(exc).__name__}: {exc}") from exc
     if session is None:
         return
     moved = False
