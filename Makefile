@@ -16,6 +16,9 @@ PORT   ?= 8000
 PYTEST_ARGS ?=
 # The PostgreSQL + Redis pass of `make test` (the scale-out shape) runs these.
 PG_PYTEST_ARGS ?= tests/unit tests/scaleout -m "not sqlite_only"
+# tests/unit is CPU-bound and self-contained: it runs on this many pytest-xdist
+# workers (1: in this process). The live suites (servers, sandboxes) run alone.
+UNIT_JOBS ?= 2
 
 .PHONY: help setup run test migrate bench clean
 
@@ -67,6 +70,7 @@ run: migrate
 # Two passes; `make test` fails when either fails:
 #   1. the whole suite ($(PYTEST_ARGS)) but tests/scaleout on SQLite and the
 #      in-memory channel layer (DATABASE_URL/REDIS_URL from your shell are ignored);
+#      by default tests/unit first on $(UNIT_JOBS) xdist workers, then the rest;
 #   2. $(PG_PYTEST_ARGS) on PostgreSQL + Redis (DATABASE_URL, REDIS_URL): the
 #      unit tests again (less those marked sqlite_only, which ran in pass 1) and
 #      the scale-out tests, which need several processes on one database. The
@@ -96,7 +100,13 @@ test: setup
 	echo "== make test, pass 1/2: SQLite + in-memory channel layer: pytest $(PYTEST_ARGS)"; \
 	sqlite_status=0; \
 	mkdir -m 700 -p "$$data_dir/sqlite"; \
-	env -u DATABASE_URL -u REDIS_URL ALINEO_TEST_PASS=sqlite ALINEO_DATA_DIR="$$data_dir/sqlite" $(PY) -m pytest --ignore=tests/scaleout $(PYTEST_ARGS) || sqlite_status=$$?; \
+	pass1() { env -u DATABASE_URL -u REDIS_URL ALINEO_TEST_PASS=sqlite ALINEO_DATA_DIR="$$data_dir/sqlite" $(PY) -m pytest "$$@"; }; \
+	if [ -n "$(strip $(PYTEST_ARGS))" ]; then \
+	  pass1 --ignore=tests/scaleout $(PYTEST_ARGS) || sqlite_status=$$?; \
+	else \
+	  pass1 tests/unit $(if $(filter-out 1,$(UNIT_JOBS)),-n $(UNIT_JOBS)) || sqlite_status=$$?; \
+	  pass1 --ignore=tests/scaleout --ignore=tests/unit || { s=$$?; [ "$$sqlite_status" != 0 ] || sqlite_status=$$s; }; \
+	fi; \
 	pg_status=skipped; db_url=""; redis_url=""; \
 	if [ "$$want_pg" = 0 ]; then \
 	  loud "make test: the PostgreSQL + Redis pass is SKIPPED (ALINEO_TEST_PG=0)"; \
@@ -119,8 +129,13 @@ test: setup
 	if [ -n "$$db_url" ]; then \
 	  echo "== make test, pass 2/2: PostgreSQL + Redis: pytest $(PG_PYTEST_ARGS)"; \
 	  mkdir -m 700 -p "$$data_dir/pg"; pg_status=0; \
-	  DATABASE_URL="$$db_url" REDIS_URL="$$redis_url" ALINEO_TEST_PASS=postgresql ALINEO_DATA_DIR="$$data_dir/pg" \
-	    $(PY) -m pytest $(PG_PYTEST_ARGS) || pg_status=$$?; \
+	  pass2() { DATABASE_URL="$$db_url" REDIS_URL="$$redis_url" ALINEO_TEST_PASS=postgresql ALINEO_DATA_DIR="$$data_dir/pg" $(PY) -m pytest "$$@"; }; \
+	  if [ '$(PG_PYTEST_ARGS)' = 'tests/unit tests/scaleout -m "not sqlite_only"' ]; then \
+	    pass2 tests/unit -m "not sqlite_only" $(if $(filter-out 1,$(UNIT_JOBS)),-n $(UNIT_JOBS)) || pg_status=$$?; \
+	    pass2 tests/scaleout -m "not sqlite_only" || { s=$$?; [ "$$pg_status" != 0 ] || pg_status=$$s; }; \
+	  else \
+	    pass2 $(PG_PYTEST_ARGS) || pg_status=$$?; \
+	  fi; \
 	fi; \
 	echo "== make test: SQLite pass: $$( [ $$sqlite_status = 0 ] && echo passed || echo "FAILED ($$sqlite_status)" ); PostgreSQL + Redis pass: $$( case $$pg_status in 0) echo passed ;; skipped) echo SKIPPED ;; *) echo "FAILED ($$pg_status)" ;; esac )"; \
 	if [ "$$sqlite_status" != 0 ]; then exit "$$sqlite_status"; fi; \

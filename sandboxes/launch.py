@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,11 +235,41 @@ def write_inputs(backend: SandboxBackend, agent_id: str, sid: str) -> None:
     if not files:
         return
     run = run_dir_for(agent_id)
-    staged = run / "inputs"
-    staged.mkdir(parents=True, exist_ok=True)
-    for p in files:
-        shutil.copy2(p, staged / p.name)
     try:
+        stage_inputs(run, files)
         backend.install_inputs(sid, f"{backend.run_dir_inside(run)}/inputs")
-    except SandboxError as exc:
+    except (SandboxError, OSError) as exc:
         log.warning("agent %s: writing the inputs again failed: %s", agent_id, exc)
+
+
+def stage_inputs(run: Path, files: list[Path]) -> None:
+    """Put ``files`` in ``run/inputs``, readable by the sandbox. The run dir is
+    the sandbox's to write, so nothing it planted there is followed: the files
+    go into a directory made here (mkdtemp), opened O_EXCL|O_NOFOLLOW, and that
+    directory is renamed over whatever ``inputs`` is now (a link is replaced,
+    never written through)."""
+    fresh = Path(tempfile.mkdtemp(prefix=".inputs-", dir=run))
+    try:
+        for p in files:
+            fd = os.open(fresh / p.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as out:
+                out.write(p.read_bytes())
+                os.fchmod(out.fileno(), 0o644)  # whatever the umask (a private data dir's 077)
+        fresh.chmod(0o755)
+        _replace(fresh, run / "inputs")
+    except BaseException:
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise
+
+
+def _replace(fresh: Path, target: Path, attempts: int = 3) -> None:
+    for _ in range(attempts):
+        try:
+            os.rename(fresh, target)  # over an empty dir or nothing
+            return
+        except OSError:
+            if target.is_symlink() or not target.is_dir():
+                target.unlink(missing_ok=True)
+            else:
+                shutil.rmtree(target)  # fd-based on Linux: never follows a link inside
+    raise SandboxError(f"{target} keeps coming back; the inputs were not written")
