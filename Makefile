@@ -17,10 +17,14 @@ PYTEST_ARGS ?=
 # The PostgreSQL + Redis pass of `make test` (the scale-out shape) runs these.
 PG_PYTEST_ARGS ?= tests/unit tests/scaleout -m "not sqlite_only"
 # tests/unit is CPU-bound and self-contained: it runs on this many pytest-xdist
-# workers (1: in this process). The live suites (servers, sandboxes) run alone.
+# workers (1: in this process).
 UNIT_JOBS ?= 2
+# The live suites (servers, sandboxes, browsers) run on this many xdist workers,
+# a test file to a worker (--dist loadfile keeps a module's server on one), each
+# with its own ALINEO_DATA_DIR so its clean-up never touches another's sandboxes.
+LIVE_JOBS ?= 2
 
-.PHONY: help setup run test migrate bench clean
+.PHONY: help setup run test migrate bench mutants clean
 
 help:
 	@echo "make run      set up, migrate, ensure the admin user, serve on http://$(HOST):$(PORT)/"
@@ -28,6 +32,7 @@ help:
 	@echo "              then tests/unit + tests/scaleout on PostgreSQL + Redis (as root, or ALINEO_TEST_PG=1)"
 	@echo "make migrate  apply database migrations (to ALINEO_DATA_DIR, default ./var)"
 	@echo "make bench    run bench/run if present"
+	@echo "make mutants  the mutation check: deliberate bugs, one at a time, and the tests that must catch them"
 	@echo "make clean    remove the virtualenv and caches (keeps ./var, your data)"
 
 $(PY):
@@ -70,7 +75,8 @@ run: migrate
 # Two passes; `make test` fails when either fails:
 #   1. the whole suite ($(PYTEST_ARGS)) but tests/scaleout on SQLite and the
 #      in-memory channel layer (DATABASE_URL/REDIS_URL from your shell are ignored);
-#      by default tests/unit first on $(UNIT_JOBS) xdist workers, then the rest;
+#      by default tests/unit first on $(UNIT_JOBS) xdist workers, then the rest
+#      on $(LIVE_JOBS);
 #   2. $(PG_PYTEST_ARGS) on PostgreSQL + Redis (DATABASE_URL, REDIS_URL): the
 #      unit tests again (less those marked sqlite_only, which ran in pass 1) and
 #      the scale-out tests, which need several processes on one database. The
@@ -105,7 +111,15 @@ test: setup
 	  pass1 --ignore=tests/scaleout $(PYTEST_ARGS) || sqlite_status=$$?; \
 	else \
 	  pass1 tests/unit $(if $(filter-out 1,$(UNIT_JOBS)),-n $(UNIT_JOBS)) || sqlite_status=$$?; \
-	  pass1 --ignore=tests/scaleout --ignore=tests/unit || { s=$$?; [ "$$sqlite_status" != 0 ] || sqlite_status=$$s; }; \
+	  live_dist=""; \
+	  if [ "$(LIVE_JOBS)" != 1 ]; then \
+	    live_dist="--dist loadfile"; \
+	    for i in $$(seq $(LIVE_JOBS)); do \
+	      mkdir -m 700 -p "$$data_dir/sqlite/live$$i"; \
+	      live_dist="$$live_dist --tx popen//env:ALINEO_DATA_DIR=$$data_dir/sqlite/live$$i"; \
+	    done; \
+	  fi; \
+	  pass1 --ignore=tests/scaleout --ignore=tests/unit --durations=25 $$live_dist || { s=$$?; [ "$$sqlite_status" != 0 ] || sqlite_status=$$s; }; \
 	fi; \
 	pg_status=skipped; db_url=""; redis_url=""; \
 	if [ "$$want_pg" = 0 ]; then \
@@ -151,6 +165,11 @@ bench: setup
 	if [ -x bench/run ]; then bench/run; \
 	elif head -n1 bench/run | grep -Eq '^#!.*[/ ](ba)?sh'; then bash bench/run; \
 	else $(PY) bench/run; fi
+
+# Not part of `make test`: each mutant patches core code, runs the tests that
+# should catch it and restores the file (bench/mutants --list shows them).
+mutants: setup
+	$(PY) bench/mutants $(MUTANTS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis bench/results *.egg-info

@@ -7,6 +7,7 @@ alineo.E005 (sessions/checks.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from datetime import timedelta
@@ -56,6 +57,28 @@ def envstr(name: str, default: str = "") -> str:
     return _raw(name) or default
 
 
+def envprices(name: str) -> dict[str, dict[str, float]]:
+    """A price table: {model: {input|output|cache_read|cache_write: USD per 1M tokens}}."""
+    raw = _raw(name)
+    try:
+        table = json.loads(raw) if raw else {}
+        ok = isinstance(table, dict) and all(
+            isinstance(p, dict) and p and all(k in PRICE_KEYS and isinstance(v, (int, float))
+                                              and not isinstance(v, bool) and v >= 0
+                                              for k, v in p.items())
+            for p in table.values())
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ImproperlyConfigured(
+            f"{name}: use JSON like {{\"openai:gpt-4o-mini\": {{\"input\": 0.15, "
+            f"\"output\": 0.6}}}} (USD per million tokens; keys {', '.join(PRICE_KEYS)})")
+    return {model: {k: float(v) for k, v in p.items()} for model, p in table.items()}
+
+
+PRICE_KEYS = ("input", "output", "cache_read", "cache_write")
+
+
 def envchoice(name: str, default: str, choices: tuple[str, ...]) -> str:
     value = envstr(name, default).lower()
     if value not in choices:
@@ -75,6 +98,9 @@ def envlabels(name: str) -> dict[str, str]:
 
 
 DATA_DIR = Path(envstr("ALINEO_DATA_DIR", str(BASE_DIR / "var"))).resolve()
+# Made by this process just now: a command that finds no database there (issue_token
+# pointed at the wrong dir) removes it again instead of leaving an empty ./var behind.
+DATA_DIR_MADE_NOW = not DATA_DIR.exists()
 DATA_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)  # private: sandboxes/config.py
 
 
@@ -326,6 +352,12 @@ ALINEO_DOCKER_HOST_TAR = envbool("ALINEO_DOCKER_HOST_TAR", True)
 # The Debian mirror the base image is built from (default: this machine's apt sources).
 ALINEO_DEBIAN_MIRROR = envstr("ALINEO_DEBIAN_MIRROR").rstrip("/")
 ALINEO_DEBIAN_SECURITY_MIRROR = envstr("ALINEO_DEBIAN_SECURITY_MIRROR").rstrip("/")
+# Where harnesses other than the built-in one (Pi: node + its npm package) are
+# installed once, keyed by a hash of their inputs (sandboxes/harnesses.py);
+# shared by every data dir of this user, bound read-only into sandboxes.
+ALINEO_HARNESS_CACHE = envstr("ALINEO_HARNESS_CACHE") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+    "alineo", "harnesses")
 # The most a home written into a sandbox (a restore, a fork) may hold: a
 # checkpoint past it is refused as unusable (the agent is rebuilt instead).
 ALINEO_RESTORE_MAX_BYTES = envint("ALINEO_RESTORE_MAX_BYTES", 8 << 30)
@@ -346,6 +378,9 @@ ALINEO_PAGE_LIMIT_DEFAULT = 100
 ALINEO_PAGE_LIMIT_MAX = 1000
 ALINEO_MAX_TEXT = envint("ALINEO_MAX_TEXT", 100_000)
 ALINEO_SSE_HEARTBEAT_S = envfloat("ALINEO_SSE_HEARTBEAT_S", 20.0)
+# Bytes an SSE stream may have queued for a slow client before it stops waiting
+# for its agent's shared tail and reads on its own (sessions/api/tails.py).
+ALINEO_SSE_STREAM_BUFFER_KB = envint("ALINEO_SSE_STREAM_BUFFER_KB", 1024)
 ALINEO_DATA_VERSION_POLL_S = envfloat("ALINEO_DATA_VERSION_POLL_S", 0.25)
 ALINEO_CHECKPOINT_MAX_DAYS = 30
 ALINEO_WORKER_CHANNEL = "alineo-worker"
@@ -357,6 +392,16 @@ ALINEO_IDLE_UNLOAD_S = envfloat("ALINEO_IDLE_UNLOAD_S", 1800.0)
 # A worker's lease on an agent lasts this long unless renewed (every quarter of
 # it); a dead worker's agents are taken over by another worker after it.
 ALINEO_LEASE_S = envfloat("ALINEO_LEASE_S", 20.0)
+# The model gateway (docs/GATEWAY.md): the largest request body a sandbox may
+# send it, in MiB (a long conversation with its tool outputs fits well under it).
+ALINEO_GATEWAY_MAX_BODY_MB = envint("ALINEO_GATEWAY_MAX_BODY_MB", 32)
+if not 1 <= ALINEO_GATEWAY_MAX_BODY_MB <= 1024:
+    raise ImproperlyConfigured(
+        f"ALINEO_GATEWAY_MAX_BODY_MB={ALINEO_GATEWAY_MAX_BODY_MB}: use 1 to 1024 (MiB)")
+# The price table for model.call costs: JSON, USD per million tokens per model
+# as the spec names it, e.g. {"openai:gpt-4o-mini": {"input": 0.15, "output": 0.6,
+# "cache_read": 0.075}}. A model without a price journals cost_usd null; the demo 0.
+ALINEO_MODEL_PRICES = envprices("ALINEO_MODEL_PRICES")
 # Scheduled backups (off unless ALINEO_BACKUP_DIR is set): a bundle when the
 # newest one there is older than ALINEO_BACKUP_EVERY_S, keeping the newest K.
 ALINEO_BACKUP_DIR = envstr("ALINEO_BACKUP_DIR", "")

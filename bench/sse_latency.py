@@ -337,10 +337,10 @@ def raise_fd_limit(need: int) -> str:
     return f"RLIMIT_NOFILE soft {soft}"
 
 
-def main() -> int:
-    args = C.parser(__doc__.splitlines()[0]).parse_args()
-    fd_note = raise_fd_limit(max(4096, 3 * IDLE + 512))
-    data_dir = C.make_data_dir("sse", sockets=True)
+def with_server(prefix: str, measure, deadline_s: float):
+    """asyncio.run(measure(live)) against a fresh LiveServer in a fresh data dir,
+    stopped (by PID) and removed afterwards; its log tail on stderr if it fails."""
+    data_dir = C.make_data_dir(prefix, sockets=True)
     os.environ["ALINEO_DATA_DIR"] = str(data_dir)  # LiveServer makes its dirs under here
     os.environ.setdefault("ALINEO_LOG_LEVEL", "WARNING")
     os.environ.setdefault("ALINEO_SANDBOX", "local")
@@ -349,13 +349,19 @@ def main() -> int:
     live = LiveServer(env={"ALINEO_LOG_LEVEL": "WARNING"})
     try:
         live.start()
-        rows = asyncio.run(asyncio.wait_for(run(live, args.quick), DEADLINE_S))
+        return asyncio.run(asyncio.wait_for(measure(live), deadline_s))
     except BaseException:
         sys.stderr.write(live.log()[-4000:])
         raise
     finally:
         live.stop()
         C.cleanup(data_dir)
+
+
+def main() -> int:
+    args = C.parser(__doc__.splitlines()[0]).parse_args()
+    fd_note = raise_fd_limit(max(4096, 3 * IDLE + 512))
+    rows = with_server("sse", lambda live: run(live, args.quick), DEADLINE_S)
     rows[-1]["note"] += f"; {fd_note}"
     C.emit(rows, args)
     return 0

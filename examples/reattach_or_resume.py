@@ -42,13 +42,13 @@ def main() -> int:
     args = p.parse_args()
     if not args.token:
         p.error("give --token or set ALINEO_TOKEN (manage.py issue_token USERNAME)")
-    if args.new:
-        args.prompt = args.prompt or args.agent_id
-        args.agent_id = Alineo.start({"model": "demo"}, url=args.url, token=args.token).id
-        print(f"started {args.agent_id}")
-    if not args.agent_id:
+    if not args.agent_id and not args.new:
         p.error("give an agent id (or --new)")
     try:
+        if args.new:  # inside the try: a bad token or URL is a message, not a traceback
+            args.prompt = args.prompt or args.agent_id
+            args.agent_id = Alineo.start({"model": "demo"}, url=args.url, token=args.token).id
+            print(f"started {args.agent_id}")
         agent = get_back_in(args.agent_id, args.url, args.token)
         print(f"back in to {agent.id} by {agent.rung} (sandbox {agent.sandbox_id})")
         running = agent.follow()                  # the rest of a running turn, if any

@@ -159,7 +159,7 @@ class BridgeClient:
                      timeout: float | None = None) -> EventsPage:
         """The events with ``bseq > after``, waiting up to ``wait`` s for one.
         ``timeout`` defaults to ``wait`` + EVENTS_SLACK. The page is checked to
-        start right after ``after`` and to hold at most ``limit`` events."""
+        start above ``after`` and to hold at most ``limit`` events."""
         ask = EventsRequest(after, wait, limit)
         if timeout is None:
             timeout = wait + EVENTS_SLACK

@@ -130,3 +130,8 @@ def restore_caps() -> tuple[int, int]:
     written into a sandbox (a restore, a fork) may hold."""
     s = _settings()
     return s.ALINEO_RESTORE_MAX_BYTES, s.ALINEO_RESTORE_MAX_ENTRIES
+
+
+def harness_cache() -> Path:
+    """ALINEO_HARNESS_CACHE: where node and Pi are installed once (sandboxes/harnesses.py)."""
+    return Path(_settings().ALINEO_HARNESS_CACHE)

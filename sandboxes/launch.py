@@ -20,11 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandboxes import archive, config
+from sandboxes import archive, config, harnesses
 from sandboxes.backends.base import LABEL_AGENT, SandboxBackend
 from sandboxes.bridge.protocol import MAX_SOCKET_PATH
 from sandboxes.errors import BackendUnavailable, SandboxError, SandboxNotFound
-from sandboxes.setup import ensure_setup_image
+from sandboxes.setup import ensure_harness_layer, ensure_setup_image
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +48,14 @@ class CheckpointUnusable(SandboxError):
 
 @dataclass(frozen=True)
 class Secret:
-    """A bound credential: reaches the sandbox only through its environment."""
+    """A bound credential: reaches the sandbox only through its environment
+    (``inject`` "env"), or never (``inject`` "gateway": the model gateway
+    adds it to the upstream request; docs/GATEWAY.md)."""
 
     name: str
     env: str
     value: str
+    inject: str = "env"
 
     def __repr__(self) -> str:  # never print a value by accident
         return f"Secret(name={self.name!r}, env={self.env!r}, value=<hidden>)"
@@ -119,9 +122,21 @@ def socket_path(agent_id: str) -> Path:
     return run_dir_for(agent_id) / "bridge.sock"
 
 
-def prepare_run_dir(backend: SandboxBackend, launch: Launch, seed: dict | None) -> list[str]:
+#: Every model goes through the control plane's gateway (docs/GATEWAY.md): the
+#: bridge calls it through its forwarder on 127.0.0.1 and the run dir's socket.
+GATEWAY_SOCKET = "gateway.sock"
+
+
+def through_gateway(model: str | None) -> bool:
+    kind, _, name = (model or "demo").partition(":")
+    return kind == "demo" or (kind in ("openai", "anthropic") and bool(name))
+
+
+def prepare_run_dir(backend: SandboxBackend, launch: Launch, seed: dict | None,
+                    harness: harnesses.HarnessInstall | None = None) -> list[str]:
     """A new run dir with a copy of the bridge and its config (never a secret
-    value: it lives on the host's disk); returns the bridge's command."""
+    value: it lives on the host's disk); returns the bridge's command.
+    ``harness``: the installed tree of a harness other than the built-in one."""
     run = run_dir_for(launch.agent_id)
     shutil.rmtree(run, ignore_errors=True)
     run.mkdir(parents=True, exist_ok=True)
@@ -131,6 +146,11 @@ def prepare_run_dir(backend: SandboxBackend, launch: Launch, seed: dict | None) 
                      "tools": spec.get("tools"), "hooks": spec.get("hooks") or {},
                      # Names only: the bridge redacts these values from what it writes.
                      "redact": [{"name": s.name, "env": s.env} for s in launch.secrets]}
+    if through_gateway(bridge_config["model"]):
+        bridge_config["gateway"] = {"port": 0}  # its own loopback; the port is in tools' env
+    if harness is not None:
+        bridge_config["harness"] = harness.bridge_config(
+            backend.bind_inside(str(harness.host_dir), harnesses.HARNESS_DIR))
     (run / "config.json").write_text(json.dumps(bridge_config, indent=1))
     sock = run / "bridge.sock"
     if len(str(sock).encode()) > MAX_SOCKET_PATH:
@@ -154,16 +174,26 @@ def create_sandbox(backend: SandboxBackend, launch: Launch, *, seed: dict | None
     never seed twice."""
     for old in backend.list({LABEL_AGENT: launch.agent_id}):
         backend.remove(old.id)
-    command = prepare_run_dir(backend, launch, seed)
+    # Installed once per machine (cached by its inputs' hash), before the
+    # sandbox exists: nothing downloads in a sandbox, which keeps network none.
+    harness = harnesses.ensure_harness(launch.spec)
+    command = prepare_run_dir(backend, launch, seed, harness)
     inside = backend.run_dir_inside(run_dir_for(launch.agent_id))
     env = {"PYTHONPATH": inside, "PYTHONDONTWRITEBYTECODE": "1"}
-    env.update({secret.env: secret.value for secret in launch.secrets})
+    env.update({s.env: s.value for s in launch.secrets if s.inject == "env"})
     all_labels = {**config.extra_labels(), **(labels or {})}
     spec = launch.spec
     image = ensure_setup_image(backend, spec, labels=config.extra_labels())
+    binds = None
+    if harness is not None:
+        layered = ensure_harness_layer(backend, image, harness, harnesses.HARNESS_DIR,
+                                       labels=config.extra_labels())
+        # In the image (docker), or bound read-only from the host (local).
+        binds = {str(harness.host_dir): harnesses.HARNESS_DIR} if layered == image else None
+        image = layered
     sid = backend.create(launch.agent_id, image, run_dir=str(run_dir_for(launch.agent_id)),
                          limits=spec.get("limits"), network=spec.get("network") or "none",
-                         env=env, labels=all_labels, command=command)
+                         env=env, labels=all_labels, command=command, binds=binds)
     if start:
         _start_or_remove(backend, sid)
     return sid

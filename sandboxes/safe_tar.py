@@ -20,6 +20,7 @@ import os
 import posixpath
 import stat
 import tarfile
+import threading
 from typing import IO, Iterable, Iterator
 
 from sandboxes.errors import UnsafeArchive
@@ -377,3 +378,18 @@ def safe_extract(stream, dest: str | os.PathLike, caps: tuple = (None, None)) ->
             extractor.extract(tf, member)
     extractor.finish()
     return extractor.rules.stats
+
+
+def tar_of(host_dir: str, inside: str, chunk: int = 1 << 20) -> Iterator[bytes]:
+    """A tar of ``host_dir`` named ``inside`` (relative to /), in chunks,
+    written by a thread into a pipe (a harness is ~350 MB: never in memory)."""
+    read_fd, write_fd = os.pipe()
+
+    def write() -> None:
+        with os.fdopen(write_fd, "wb") as out, tarfile.open(fileobj=out, mode="w|") as tar:
+            tar.add(host_dir, arcname=inside.lstrip("/"))
+
+    threading.Thread(target=write, name="tar-of", daemon=True).start()
+    with os.fdopen(read_fd, "rb") as src:
+        while data := src.read(chunk):
+            yield data

@@ -136,6 +136,34 @@ def ensure_setup(backend, spec: Mapping, *, labels: Mapping[str, str] | None = N
     return SetupImage(ref, key, True, time.monotonic() - t0)
 
 
+def ensure_harness_layer(backend, image: str, install, inside: str,
+                         *, labels: Mapping[str, str] | None = None) -> str:
+    """``image`` with an installed harness copied to ``inside`` (docker: one
+    more image layer, ``alineo-harness:<key>``, made once per image and
+    harness; so a remote engine needs no host path). Backends without a root
+    file system of their own bind the host tree instead: ``image`` as it is."""
+    if not backend.installs_packages:
+        return image
+    blob = json.dumps([backend.image_id(image), install.key, inside])
+    key = hashlib.sha256(blob.encode()).hexdigest()[:20]
+    ref = backend.snapshot_ref("harness", key)
+    if backend.image_exists(ref):
+        return ref
+    with _file_lock(_lock_path(None, f"harness-{key}")):
+        if backend.image_exists(ref):
+            return ref
+        t0 = time.monotonic()
+        sid = backend.create(f"{SETUP_AGENT}-{key[:12]}", image, labels={**(labels or {}),
+                                                                          LABEL_SETUP: key})
+        try:
+            backend.add_tree(sid, str(install.host_dir), inside)
+            backend.commit(sid, ref, labels={LABEL_SETUP: key})
+        finally:
+            backend.remove(sid)
+        log.info("harness layer %s made in %.1f s", ref, time.monotonic() - t0)
+    return ref
+
+
 def _check_spec(backend, spec: Mapping) -> None:
     if spec.get("packages"):
         if not backend.installs_packages:

@@ -63,3 +63,21 @@ def may_approve(user) -> bool:
     APPROVE_PERMISSION. Membership alone is not enough: a held binding is held
     precisely so that the agent's own users cannot release its secret."""
     return bool(user.is_active and (user.is_staff or user.has_perm(APPROVE_PERMISSION)))
+
+
+#: Django's own permission to edit a workspace (its admin page): who may set
+#: its budgets (sessions/api/budget_views.py).
+CHANGE_WORKSPACE_PERMISSION = "agent_sessions.change_workspace"
+
+
+def may_change_workspace(user) -> bool:
+    """A workspace operator: staff, or granted CHANGE_WORKSPACE_PERMISSION.
+    A member sees the budget; one who could raise it would make it no limit."""
+    return bool(user.is_active and (user.is_staff or user.has_perm(CHANGE_WORKSPACE_PERMISSION)))
+
+
+def visible_workspace(user, name: str) -> Workspace | None:
+    """The workspace of that name if the user is a member, else None."""
+    if not isinstance(name, str) or not 0 < len(name) <= 100 or "\x00" in name:
+        return None
+    return workspaces_of(user).filter(name=name).first()

@@ -12,6 +12,7 @@ from django.utils.html import format_html, format_html_join
 from sandboxes import config
 
 from . import journal
+from .gateway import budget
 from .models import (
     ENDED, Agent, ApiToken, Checkpoint, Command, Credential, Event, RetentionSweep, Snapshot, Workspace,
 )
@@ -19,6 +20,8 @@ from .specs import LIMIT_MAX
 
 MAX_DAYS = settings.ALINEO_CHECKPOINT_MAX_DAYS
 #: Workspace quotas (docs/SECURITY.md#children-approvals-and-quotas), edited on its page.
+#: Daily budgets (docs/GATEWAY.md#budgets): the model gateway refuses calls beyond them.
+BUDGET_FIELDS = ["budget_tokens_per_day", "budget_usd_per_day"]
 QUOTA_FIELDS = ["max_agents", "max_depth", "max_sandboxes", "max_memory_mb", "max_pids",
                 "max_cpus", "max_streams_per_user"]
 
@@ -27,7 +30,7 @@ class WorkspaceForm(forms.ModelForm):
     class Meta:
         model = Workspace
         fields = ["name", "members", "checkpoint_max_age_days", "keep_newest_checkpoints",
-                  "zero_data_retention", *QUOTA_FIELDS]
+                  "zero_data_retention", *QUOTA_FIELDS, *BUDGET_FIELDS]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -69,7 +72,7 @@ class WorkspaceAdmin(admin.ModelAdmin):
     list_display = ["name", "checkpoint_max_age_days", "keep_newest_checkpoints", "zero_data_retention",
                     "checkpoints_kept"]
     filter_horizontal = ["members"]
-    readonly_fields = ["sweep_effect", "quota_usage"]
+    readonly_fields = ["sweep_effect", "quota_usage", "budget_spent"]
     fieldsets = [
         (None, {"fields": ["name", "members"]}),
         ("Quotas", {
@@ -80,6 +83,14 @@ class WorkspaceAdmin(admin.ModelAdmin):
                            f"slot. Spec limits are capped here within the global maximum "
                            f"({LIMIT_MAX['memory_mb']} MB, {LIMIT_MAX['pids']} processes, "
                            f"{LIMIT_MAX['cpus']} CPUs).",
+        }),
+        ("Budget", {
+            "fields": [*BUDGET_FIELDS, "budget_spent"],
+            "description": "What this workspace's agents may spend on models per UTC day, in "
+                           "tokens or in USD (at ALINEO_MODEL_PRICES). Once either is reached "
+                           "the model gateway refuses further calls until 00:00 UTC "
+                           "(budget.exceeded in the agent's transcript; its turn ends). Leave "
+                           "empty for no budget.",
         }),
         ("Retention policy", {
             "fields": ["checkpoint_max_age_days", "keep_newest_checkpoints", "zero_data_retention",
@@ -98,6 +109,15 @@ class WorkspaceAdmin(admin.ModelAdmin):
         sandboxes = live.filter(sandbox_slot=True).count()
         return format_html("{} of {} live agents, {} of {} sandboxes", live.count(),
                            obj.max_agents, sandboxes, obj.max_sandboxes)
+
+    @admin.display(description="Spent today")
+    def budget_spent(self, obj):
+        if obj is None or obj.pk is None:
+            return "Saved workspaces show what their agents spent today."
+        b = budget.summary(obj)
+        return format_html("{} tokens, ${} in {} model calls on {} UTC{}", f"{b['today']['tokens']:,}",
+                           f"{b['today']['cost_usd']:.4f}", b["today"]["calls"], b["today"]["day"],
+                           " — budget reached: calls are refused" if b["exceeded"] else "")
 
     @admin.display(description="Live checkpoints")
     def checkpoints_kept(self, obj):
@@ -158,6 +178,14 @@ class CommandAdmin(ReadOnlyAdmin):
     list_filter = ["verb", "state"]
 
 
+def expired_q(now) -> Q:
+    """Checkpoints past their own date or past their workspace's policy."""
+    q = Q(expires_at__lte=now)
+    for ws_id, days in Workspace.objects.values_list("id", "checkpoint_max_age_days"):
+        q |= Q(agent__workspace_id=ws_id, created_at__lte=now - timedelta(days=days))
+    return q
+
+
 class ExpiredFilter(admin.SimpleListFilter):
     title = "expired"
     parameter_name = "expired"
@@ -166,7 +194,7 @@ class ExpiredFilter(admin.SimpleListFilter):
         return [("yes", "Expired or deleted"), ("no", "Live")]
 
     def queryset(self, request, queryset):
-        gone = Q(expires_at__lte=timezone.now()) | Q(deleted_at__isnull=False)
+        gone = expired_q(timezone.now()) | Q(deleted_at__isnull=False)
         if self.value() == "yes":
             return queryset.filter(gone)
         if self.value() == "no":
@@ -177,7 +205,8 @@ class ExpiredFilter(admin.SimpleListFilter):
 @admin.register(Checkpoint)
 class CheckpointAdmin(ReadOnlyAdmin):
     list_display = ["id", "agent", "workspace", "turn", "through_seq", "bytes", "created_at",
-                    "expires_at", "deleted_at"]
+                    "expires", "deleted_at"]
+    list_select_related = ["agent__workspace"]
     list_filter = [("agent__workspace", admin.RelatedOnlyFieldListFilter), ExpiredFilter, "agent"]
     search_fields = ["agent__id", "sandbox_id"]
     actions = ["expire_now", "delete_now"]
@@ -185,6 +214,11 @@ class CheckpointAdmin(ReadOnlyAdmin):
     @admin.display(description="Workspace")
     def workspace(self, obj):
         return obj.agent.workspace
+
+    @admin.display(description="Expires")
+    def expires(self, obj):
+        """Under the workspace's policy now: a shortened one expires it sooner."""
+        return obj.expires
 
     @admin.action(description="Expire now (the next sweep deletes them)")
     def expire_now(self, request, queryset):

@@ -9,4 +9,10 @@ class AgentSessionsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        from django.db.backends.signals import connection_created
+
         from . import checks  # noqa: F401  (registers system checks)
+        from . import durability
+
+        # Every connection of every process is read back: never a non-durable one.
+        connection_created.connect(durability.on_connection, dispatch_uid="alineo-durability")

@@ -1,8 +1,10 @@
 """Credential bindings: secrets stored per workspace, bound to agents by name.
 
-A spec names bindings `{"name", "env", "approval"}`; the control plane holds
-the values. They are resolved only where a sandbox starts (its environment)
-and where bridge output is journaled (to redact them). Nothing else reads them.
+A spec names bindings `{"name", "env", "approval", "inject"}`; the control
+plane holds the values. They are resolved only where a sandbox starts (its
+environment, for `inject: env`), where the model gateway calls the upstream
+(`inject: gateway`, the default for the model's key and base URL) and where
+bridge output is journaled (to redact them). Nothing else reads them.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 from sandboxes.launch import Secret
 
 from .models import Credential, Workspace
-from .specs import SpecError
+from .specs import SpecError, inject_of
 
 # Shorter values would redact ordinary words; such a "secret" protects nothing anyway.
 MIN_REDACT_LEN = 6
@@ -46,7 +48,8 @@ def secrets_for(workspace_id: int, bindings: list[dict]) -> list[Secret]:
     values = dict(
         Credential.objects.filter(workspace_id=workspace_id, name__in=names).values_list("name", "secret")
     )
-    return [Secret(b["name"], b["env"], values[b["name"]]) for b in bindings or [] if b.get("name") in values]
+    return [Secret(b["name"], b["env"], values[b["name"]], inject_of(b))
+            for b in bindings or [] if b.get("name") in values]
 
 
 def redact(value: Any, secrets: list[Secret]) -> Any:

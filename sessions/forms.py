@@ -117,3 +117,23 @@ class TextCommandForm(KeyedForm):
             what = "prompt" if self.verb == "prompt" else "steer message"
             raise forms.ValidationError(f"Write a {what} first: it cannot be empty.")
         return text
+
+
+class ForkForm(KeyedForm):
+    """Fork from a checkpoint or from an event ("fork from here"), with a name."""
+
+    checkpoint = forms.IntegerField(required=False, min_value=1, max_value=2**62)
+    at_event = forms.IntegerField(required=False, min_value=1, max_value=2**62)
+    name = forms.CharField(required=False, max_length=100, strip=True)
+
+    def clean(self):
+        data = super().clean()
+        if (data.get("checkpoint") is None) == (data.get("at_event") is None):
+            raise forms.ValidationError("Fork from a checkpoint or from an event: one of them.")
+        return data
+
+    def body(self) -> dict:
+        data = self.cleaned_data
+        origin = ({"checkpoint": data["checkpoint"]} if data.get("checkpoint") is not None
+                  else {"at_event": data["at_event"]})
+        return {**origin, **({"name": data["name"]} if data.get("name") else {})}

@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, IntegrityError, connections, transaction
 from django.utils import timezone
 
-from . import leases
+from . import leases, rawtx
 from .committer import GroupCommitter
 from . import state as state_mod
 from . import wakeups
@@ -265,12 +265,12 @@ def _projection(facts) -> dict[str, Any]:
 
 
 def _commit_groups(groups, before_commit):
-    """One transaction on this thread's connection, SQLite's raw path when
-    nothing watches queries. `before_commit()` runs once the rows are written,
-    just before COMMIT."""
+    """One transaction on this thread's connection: on the DB-API connection
+    itself (sessions/rawtx.py) when nothing watches queries, else through
+    Django. `before_commit()` runs once the rows are written, just before COMMIT."""
     db = connections[DEFAULT_DB_ALIAS]
-    if db.vendor == "sqlite" and not db.execute_wrappers and not db.queries_logged:
-        return _sqlite_transaction(groups, db, before_commit)
+    if rawtx.usable(db):
+        return rawtx.run(db, lambda cur, ph: _write_groups(groups, cur, ph, db), before_commit)
     with transaction.atomic():
         written = _write_groups(groups)
         before_commit()
@@ -282,36 +282,6 @@ def _close_connection() -> None:
         connections[DEFAULT_DB_ALIAS].close()
     except Exception:  # closing a broken connection may fail too; the next use reconnects
         log.warning("journal committer: closing its connection failed", exc_info=True)
-
-
-def _sqlite_transaction(groups, db, before_commit=None):
-    """The committer's transaction on SQLite, on the DB-API connection itself.
-
-    Measured (bench/append_throughput.py): atomic() and Django's cursor wrapper
-    cost ~0.15 ms of Python per transaction, as much as the write itself. The
-    committer thread never runs inside an atomic block, so it can issue BEGIN
-    IMMEDIATE … COMMIT itself. Errors still come out as Django's. Not used when
-    something watches the committer's queries (execute wrappers, query
-    capture, DEBUG): those get the Django path so they see every statement.
-    """
-    db.ensure_connection()
-    raw = db.connection
-    with db.wrap_database_errors:
-        cur = raw.cursor()
-        try:
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                written = _write_groups(groups, cur, "?", db)
-                if before_commit is not None:
-                    before_commit()
-                cur.execute("COMMIT")
-            except BaseException:
-                if raw.in_transaction:
-                    cur.execute("ROLLBACK")
-                raise
-        finally:
-            cur.close()
-    return written
 
 
 def _translate(exc: BaseException) -> BaseException:

@@ -17,6 +17,11 @@ from sandboxes.archive import KEEP_CHECKPOINTS
 from .specs import LIMIT_MAX
 
 
+#: The largest budgets an operator may set (a typo of many zeros is refused, not obeyed).
+BUDGET_MAX_TOKENS = 10**15
+BUDGET_MAX_USD = 10**9
+
+
 def new_agent_id() -> str:
     return "ag_" + secrets.token_hex(8)
 
@@ -67,6 +72,17 @@ class Workspace(models.Model):
         "max open streams per user", default=16, validators=[MinValueValidator(1)],
         help_text="Open SSE streams one member may hold on this workspace's agents, per serving "
                   "process (quota.streams, 429).")
+    # Budgets per UTC day (docs/GATEWAY.md#budgets): empty is no budget. The gateway refuses a
+    # model call once the day's model.call facts of the workspace's agents reach either.
+    budget_tokens_per_day = models.PositiveBigIntegerField(
+        "token budget per day", null=True, blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(BUDGET_MAX_TOKENS)],
+        help_text="Input, output and cache tokens of all agents per UTC day. Empty: no budget.")
+    budget_usd_per_day = models.FloatField(
+        "cost budget per day (USD)", null=True, blank=True,
+        validators=[MinValueValidator(0.0001), MaxValueValidator(BUDGET_MAX_USD)],
+        help_text="Cost (ALINEO_MODEL_PRICES) of all agents' model calls per UTC day. "
+                  "Empty: no budget.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -177,6 +193,10 @@ class Event(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["agent", "seq"], name="event_agent_seq_unique")]
         ordering = ["agent", "seq"]
+        # A budget's "what was spent today" (sessions/gateway/budget.py) reads the day's model
+        # calls before each call: only model.call rows are in this index, so other facts pay nothing.
+        indexes = [models.Index(fields=["ts"], condition=models.Q(type="model.call"),
+                                name="event_model_call_ts")]
 
     def as_dict(self) -> dict:
         return {"seq": self.seq, "type": self.type, "ts": iso_ts(self.ts), "data": self.data}
@@ -200,6 +220,11 @@ class CommandVerb(models.TextChoices):
     REATTACH = "reattach"  # the client's reattach: the bridge must answer within 5 s
     REBRIDGE = "rebridge"  # the client's resume: restart the bridge on its session
     CHECKPOINT = "checkpoint"  # take a turn checkpoint now
+    SB_CREATE = "sb_create"  # sandbox sessions (sessions/commands/sandbox.py)
+    SB_EXEC = "sb_exec"
+    SB_CHECKPOINT = "sb_checkpoint"
+    SB_RESUME = "sb_resume"
+    SB_REMOVE = "sb_remove"
 
 
 class CommandState(models.TextChoices):
@@ -215,6 +240,8 @@ class Command(models.Model):
     workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="commands")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.PROTECT, related_name="commands")
+    sandbox_session = models.ForeignKey("SandboxSession", null=True, blank=True,
+                                        on_delete=models.PROTECT, related_name="commands")
     verb = models.CharField(max_length=16, choices=CommandVerb.choices)
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     request_hash = models.CharField(max_length=64)
@@ -262,6 +289,11 @@ class Checkpoint(models.Model):
         """When it expires: its own date, or sooner under a shortened policy
         (a lengthened one never lengthens a checkpoint)."""
         return min(self.expires_at, self.created_at + timedelta(days=max_age_days))
+
+    @property
+    def expires(self):
+        """When it expires under its workspace's policy now (what the API says)."""
+        return self.expires_under(self.agent.workspace.checkpoint_max_age_days)
 
 
 class Snapshot(models.Model):
@@ -348,3 +380,76 @@ class AgentLease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.agent_id} → {self.holder} (epoch {self.epoch})"
+
+
+# --- sandbox sessions (docs/API.md "Sandbox sessions") ---------------------------------------
+
+
+def new_sandbox_session_id() -> str:
+    return "sb_" + secrets.token_hex(8)
+
+
+class SandboxSessionStatus(models.TextChoices):
+    STARTING = "starting"  # created; the worker has not made its sandbox yet
+    READY = "ready"        # its sandbox runs: exec, checkpoint
+    LOST = "lost"          # its sandbox is gone (removed, reaped): resume it
+    FAILED = "failed"      # its sandbox could not be made; resume tries again
+    REMOVED = "removed"    # ended: sandbox and snapshots removed, the journal kept
+
+
+class SandboxSession(models.Model):
+    """A sandbox a script drives (create, exec, checkpoint, resume, remove).
+    Its journal is :class:`SandboxSessionEvent`; sessions/sbjournal.py writes it."""
+
+    id = models.CharField(primary_key=True, max_length=32, default=new_sandbox_session_id,
+                          editable=False)
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT,
+                                  related_name="sandbox_sessions")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    name = models.CharField(max_length=63, blank=True)
+    spec = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=SandboxSessionStatus.choices,
+                              default=SandboxSessionStatus.STARTING)
+    status_reason = models.TextField(blank=True)
+    sandbox_id = models.CharField(max_length=128, blank=True)
+    sandbox_host = models.CharField(max_length=255, blank=True)
+    # One of the workspace's max_sandboxes slots, taken at create and held until remove.
+    sandbox_slot = models.BooleanField(default=True)
+    last_seq = models.BigIntegerField(default=0)
+    # Which worker acts on its commands (one at a time; sessions/worker/sbrunner.py).
+    lease_holder = models.CharField(max_length=200, blank=True)
+    lease_expires = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+def session_slots_in_use(workspace_id: int) -> int:
+    """Sandbox slots the workspace's sandbox sessions hold (Workspace.max_sandboxes)."""
+    rows = SandboxSession.objects.filter(workspace_id=workspace_id, sandbox_slot=True).exclude(
+        status=SandboxSessionStatus.REMOVED)
+    return rows.count()
+
+
+class SandboxSessionEvent(models.Model):
+    """One fact of a sandbox session's journal: seq 1, 2, 3 … with no gaps."""
+
+    session = models.ForeignKey(SandboxSession, on_delete=models.CASCADE, related_name="events")
+    seq = models.BigIntegerField()
+    type = models.CharField(max_length=64)
+    data = models.JSONField(default=dict)
+    ts = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["session", "seq"],
+                                               name="sbevent_session_seq_unique")]
+        ordering = ["session", "seq"]
+
+    def as_dict(self) -> dict:
+        return {"seq": self.seq, "type": self.type, "ts": iso_ts(self.ts), "data": self.data}

@@ -19,7 +19,7 @@ import math
 import re
 from typing import Any, Callable
 
-from sandboxes import images
+from sandboxes import harnesses, images
 from sandboxes.backends import get_backend
 from sandboxes.backends.base import NETWORKS
 from sandboxes.errors import SandboxError
@@ -27,6 +27,11 @@ from sandboxes.errors import SandboxError
 TOOLS = ("bash", "read", "write", "edit", "spawn", "memory")
 HOOKS = ("session_start", "pre_tool_use", "stop")
 APPROVALS = ("auto", "hold")
+# Where a bound value goes: the sandbox's environment, or only the model
+# gateway, which adds it to the upstream request (docs/GATEWAY.md). The
+# model's key and base URL go to the gateway unless a binding says "env".
+INJECTS = ("env", "gateway")
+GATEWAY_ENVS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_BASE_URL")
 PROVIDERS = ("openai", "anthropic")
 DEFAULT_IMAGE = images.DEFAULT_IMAGE  # the project's base image (sandboxes/images.py)
 #: The env variable a provider's key is read from (sandboxes/bridge/config.py).
@@ -49,6 +54,7 @@ DEFAULTS: dict[str, Any] = {
     "hooks": {},
     "run_as": "root",
     "name": "",
+    "harness": harnesses.BUILTIN,  # or "pi" (docs/HARNESSES.md)
 }
 
 _PACKAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9+._:=~<>-]{0,199}$")
@@ -94,6 +100,12 @@ def _check_together(spec: dict[str, Any]) -> None:
             "packages",
             'packages need network: host (they are installed from the Debian mirror at '
             'setup); set "network": "host" or install nothing',
+        )
+    if spec["harness"] == harnesses.PI and spec["hooks"].get("pre_tool_use"):
+        raise SpecError(
+            "hooks.pre_tool_use",
+            "the pi harness runs its tools itself and has no pre_tool_use hook; "
+            "use session_start and stop, or the built-in harness (docs/HARNESSES.md)",
         )
     provider = spec["model"].partition(":")[0]
     key_env = PROVIDER_KEY_ENV.get(provider)
@@ -246,14 +258,15 @@ def _credentials(field: str, value: Any) -> list[dict[str, str]]:
 def _binding(field: str, value: Any) -> dict[str, str]:
     if not isinstance(value, dict):
         raise SpecError(field, 'must be an object {"name", "env", "approval"}')
-    unknown = sorted(set(value) - {"name", "env", "approval"})
+    unknown = sorted(set(value) - {"name", "env", "approval", "inject"})
     if set(unknown) & _SECRETISH:
         raise SpecError(
             field, "never put a secret value in a spec: bind a stored credential by name"
         )
     if unknown:
         raise SpecError(
-            field, f"unknown key(s): {', '.join(unknown)}; known keys are name, env, approval"
+            field, f"unknown key(s): {', '.join(unknown)}; known keys are name, env, approval, "
+            "inject"
         )
     for required in ("name", "env"):
         if required not in value:
@@ -261,11 +274,23 @@ def _binding(field: str, value: Any) -> dict[str, str]:
     env = _str(f"{field}.env", value["env"], max_len=128)
     if not _ENV.match(env):
         raise SpecError(f"{field}.env", "must be an environment variable name like OPENAI_API_KEY")
-    return {
+    binding = {
         "name": _str(f"{field}.name", value["name"], max_len=100),
         "env": env,
         "approval": _choice(APPROVALS)(f"{field}.approval", value.get("approval", "auto")),
     }
+    if "inject" in value:  # absent means inject_of's default, so older specs read alike
+        binding["inject"] = _choice(INJECTS)(f"{field}.inject", value["inject"])
+        if binding["inject"] == "gateway" and env not in GATEWAY_ENVS:
+            raise SpecError(f"{field}.inject", "the gateway injects only the model's key and "
+                            f"base URL ({', '.join(GATEWAY_ENVS)}); bind {env} with "
+                            '"inject": "env"')
+    return binding
+
+
+def inject_of(binding: dict) -> str:
+    """Where a binding's value goes: "gateway" (never into the sandbox) or "env"."""
+    return binding.get("inject") or ("gateway" if binding.get("env") in GATEWAY_ENVS else "env")
 
 
 def _limits(field: str, value: Any) -> dict[str, int | float]:
@@ -340,4 +365,5 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "hooks": _hooks,
     "run_as": _run_as,
     "name": _name,
+    "harness": _choice(harnesses.HARNESSES),
 }

@@ -152,6 +152,10 @@ def _tool_dispatched(s, seq, d, ts):
     calls = dict(s["open_tool_calls"])
     calls[str(d.get("tool_call_id", seq))] = {"name": d.get("name", ""), "seq": seq}
     s["open_tool_calls"] = calls
+    if s["current_turn"] is not None:  # a step of 12 calls is still "1 step": count the calls
+        turn = dict(s["current_turn"])
+        turn["tools"] = turn.get("tools", 0) + 1
+        s["current_turn"] = turn
 
 
 def _tool_result(s, seq, d, ts):

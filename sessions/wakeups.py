@@ -47,6 +47,12 @@ def group_name(agent_id: str) -> str:
     return f"agent.{agent_id}"
 
 
+def workspace_group(workspace_id) -> str:
+    """The group of a workspace's tree streams (sessions/api/tree_tail.py): woken when
+    an agent is added to it; the tree tails also listen to each agent's own group."""
+    return f"workspace.{workspace_id}"
+
+
 def bind_loop(loop: asyncio.AbstractEventLoop) -> None:
     global _loop
     with _lock:
@@ -68,6 +74,14 @@ def notify(agent_ids) -> None:
         _dispatch(ids)
     except Exception:  # a wake-up is best effort: the safety re-read covers it
         log.warning("wake-up for %s failed", ids, exc_info=True)
+
+
+def notify_workspace(workspace_id) -> None:
+    """Wake the workspace's tree streams (a new agent). Call after commit; never raises."""
+    try:
+        run_on_layer(lambda layer: _send_groups(layer, [workspace_group(workspace_id)]))
+    except Exception:  # best effort: the tree tail's heartbeat re-reads
+        log.warning("wake-up for workspace %s failed", workspace_id, exc_info=True)
 
 
 def _dispatch(ids: list[str]) -> None:
@@ -115,11 +129,15 @@ def _is_in_memory(layer) -> bool:
 
 
 async def _send(layer, ids) -> None:
-    for agent_id in ids:
+    await _send_groups(layer, [group_name(agent_id) for agent_id in ids])
+
+
+async def _send_groups(layer, groups) -> None:
+    for group in groups:
         try:
-            await layer.group_send(group_name(agent_id), {"type": WAKE_TYPE})
+            await layer.group_send(group, {"type": WAKE_TYPE})
         except Exception:  # ChannelFull and friends: the stream's safety re-read covers it
-            log.warning("wake-up for %s dropped", agent_id, exc_info=True)
+            log.warning("wake-up for %s dropped", group, exc_info=True)
 
 
 # --- watch registration ---------------------------------------------------------

@@ -10,6 +10,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 
 from sessions.models import Agent, ApiToken, Workspace
+from tests.fault_report import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401 (hooks)
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,8 @@ verbs, so everything above them (checkpoints, the restore ladder, the worker)
 is written once:
 
     create(agent_id, image, *, run_dir, limits, network, env, labels) -> sandbox id
-    start(id) · status(id) -> SandboxStatus · exec(id, argv, *, env, timeout) -> ExecResult
+    start(id) · status(id) -> SandboxStatus · exec(id, argv, *, env, timeout, on_output)
+        -> ExecResult
     read_home(id) -> iterator of tar bytes · write_home(id, tar bytes iterator)
     commit(id, tag) -> snapshot ref · stop(id) · remove(id) · home(id) -> path
 
@@ -25,7 +26,7 @@ import enum
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from sandboxes.errors import ImageMissing, SandboxError
 
@@ -57,6 +58,43 @@ LABEL_AGENT = "alineo.agent"
 CONTAINER_RUN_DIR = "/run/alineo"
 
 NETWORKS = ("none", "host")
+
+#: exec(…, on_output=): called with ("stdout" | "stderr", chunk) as output arrives.
+#: Such an exec's ExecResult keeps only the last TAIL_KEEP bytes a stream, so a
+#: command printing without end cannot fill the control plane's memory.
+OnOutput = Callable[[str, bytes], None]
+TAIL_KEEP = 1024 * 1024
+
+
+class Tail:
+    """The last TAIL_KEEP bytes of a stream of chunks."""
+
+    def __init__(self):
+        self.chunks: list[bytes] = []
+        self.size = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+        while len(self.chunks) > 1 and self.size - len(self.chunks[0]) >= TAIL_KEEP:
+            self.size -= len(self.chunks.pop(0))
+
+    def value(self) -> bytes:
+        return b"".join(self.chunks)[-TAIL_KEEP:]
+
+
+def collect_output(frames: Iterable[tuple[bytes | None, bytes | None]],
+                   on_output: OnOutput) -> tuple[bytes, bytes]:
+    """Demultiplexed (stdout, stderr) frames, each handed to ``on_output``; the tails."""
+    out, err = Tail(), Tail()
+    for o, e in frames:
+        if o:
+            out.add(o)
+            on_output("stdout", o)
+        if e:
+            err.add(e)
+            on_output("stderr", e)
+    return out.value(), err.value()
 
 
 def home_tar_argv(home: str) -> list[str]:
@@ -179,6 +217,10 @@ class SandboxBackend(abc.ABC):
         :meth:`create` sets."""
         return ["python3", "-m", "bridge"]
 
+    def bind_inside(self, host_dir: str, inside: str) -> str:
+        """Where a ``binds`` directory is seen by the sandbox's processes."""
+        return inside
+
     def share_run_dir(self, run_dir: Path) -> None:
         """Make ``run_dir`` usable by the sandbox's processes (before create)."""
 
@@ -218,10 +260,13 @@ class SandboxBackend(abc.ABC):
         labels: Mapping[str, str] | None = None,
         command: Sequence[str] | None = None,
         cap_add: Sequence[str] = (),
+        binds: Mapping[str, str] | None = None,
     ) -> str:
         """Create (not start) a sandbox for ``agent_id`` from ``image`` (a base
         image or a snapshot ref from :meth:`commit`). ``run_dir`` is a host
-        directory seen as ``$ALINEO_RUN_DIR`` inside. Returns the sandbox id."""
+        directory seen as ``$ALINEO_RUN_DIR`` inside. ``binds`` maps host
+        directories to where they are seen inside, read-only (an installed
+        harness, sandboxes/harnesses.py). Returns the sandbox id."""
 
     @abc.abstractmethod
     def start(self, sandbox_id: str) -> None:
@@ -238,8 +283,10 @@ class SandboxBackend(abc.ABC):
         *,
         env: Mapping[str, str] | None = None,
         timeout: float | None = 60,
+        on_output: OnOutput | None = None,
     ) -> ExecResult:
         """Run a one-shot command in the running sandbox, cwd = home.
+        ``on_output`` (when given) gets the output as it arrives, as well.
         Raises SandboxNotRunning / SandboxNotFound; ExecTimeout on timeout."""
 
     @abc.abstractmethod

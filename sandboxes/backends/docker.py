@@ -26,10 +26,12 @@ from sandboxes.backends.base import (
     LABEL_MANAGED,
     PLACEHOLDER_COMMAND,
     ExecResult,
+    OnOutput,
     Limits,
     SandboxBackend,
     SandboxHandle,
     SandboxStatus,
+    collect_output,
     home_tar_argv,
     validate_create_args,
 )
@@ -43,7 +45,7 @@ from sandboxes.errors import (
     SandboxNotRunning,
 )
 from sandboxes.images import DEFAULT_IMAGE, resolve_image
-from sandboxes.safe_tar import validated_tar
+from sandboxes.safe_tar import tar_of, validated_tar
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +62,8 @@ class DockerBackend(SandboxBackend):
     has_engine_images = True
     image_hint = "on the Docker engine (build, import or pull it first)"
     #: Where snapshots of each kind are committed (the repository of the tag).
-    SNAPSHOT_REPOSITORIES = {"setup": "alineo-setup", "session": "alineo-snapshot"}
+    SNAPSHOT_REPOSITORIES = {"setup": "alineo-setup", "session": "alineo-snapshot",
+                             "harness": "alineo-harness"}
 
     def __init__(self, client=None, *, api_timeout: float = 120, base_url: str | None = None):
         self._client = client
@@ -182,6 +185,7 @@ class DockerBackend(SandboxBackend):
         labels: Mapping[str, str] | None = None,
         command: Sequence[str] | None = None,
         cap_add: Sequence[str] = (),
+        binds: Mapping[str, str] | None = None,
     ) -> str:
         validate_create_args(agent_id, image, network)
         wanted, image = image, resolve_image(image)
@@ -194,7 +198,7 @@ class DockerBackend(SandboxBackend):
             env={**(env or {}), "HOME": HOME, "ALINEO_AGENT_ID": str(agent_id),
                  "ALINEO_RUN_DIR": CONTAINER_RUN_DIR},
             labels={**(labels or {}), LABEL_MANAGED: "1", LABEL_AGENT: str(agent_id)},
-            command=list(command or PLACEHOLDER_COMMAND), cap_add=list(cap_add))
+            command=list(command or PLACEHOLDER_COMMAND), cap_add=list(cap_add), binds=binds)
         with self._errors(image=image):
             if not self.image_exists(image):
                 if wanted == DEFAULT_IMAGE:
@@ -230,6 +234,7 @@ class DockerBackend(SandboxBackend):
         *,
         env: Mapping[str, str] | None = None,
         timeout: float | None = 60,
+        on_output: OnOutput | None = None,
     ) -> ExecResult:
         argv = [str(a) for a in argv]
         if not argv:
@@ -239,7 +244,8 @@ class DockerBackend(SandboxBackend):
             # coreutils `timeout` kills the command inside the sandbox, so it
             # does not keep running after we gave up on it.
             wrapped = ["timeout", "-k", "5", f"{float(timeout):g}", *argv]
-        short = timeout is not None and timeout + _EXEC_GRACE_S < self._api_timeout
+        short = (timeout is not None and timeout + _EXEC_GRACE_S < self._api_timeout
+                 and on_output is None)
         client = self.client if short else self.stream_client
         t0 = time.monotonic()
         with self._errors(sandbox_id):
@@ -247,7 +253,11 @@ class DockerBackend(SandboxBackend):
                 sandbox_id, wrapped, stdout=True, stderr=True, environment=dict(env or {}),
                 workdir=HOME,
             )["Id"]
-            out, err = client.api.exec_start(exec_id, demux=True)
+            if on_output is None:
+                out, err = client.api.exec_start(exec_id, demux=True)
+            else:
+                frames = client.api.exec_start(exec_id, demux=True, stream=True)
+                out, err = collect_output(frames, on_output)
             code = client.api.exec_inspect(exec_id)["ExitCode"]
         duration = time.monotonic() - t0
         result = ExecResult(int(code if code is not None else -1), out or b"", err or b"", duration)
@@ -322,6 +332,12 @@ class DockerBackend(SandboxBackend):
         with self._errors(sandbox_id):
             self.stream_client.api.put_archive(sandbox_id, HOME, validated_tar(
                 tar_chunks, config.restore_caps()))
+
+    def add_tree(self, sandbox_id: str, host_dir: str, inside: str) -> None:
+        """Copy a host directory (ours: an installed harness) to ``inside``
+        of a created container, streamed as a tar (``put_archive``)."""
+        with self._errors(sandbox_id):
+            self.stream_client.api.put_archive(sandbox_id, "/", tar_of(host_dir, inside))
 
     def commit(self, sandbox_id: str, tag: str, *,
                labels: Mapping[str, str] | None = None) -> str:
@@ -403,7 +419,7 @@ class DockerBackend(SandboxBackend):
 
 def _container_config(image: str, *, limits: Limits, network: str,
                       run_dir: str | None, env: dict, labels: dict, command: list,
-                      cap_add: list) -> dict:
+                      cap_add: list, binds: Mapping[str, str] | None = None) -> dict:
     """``containers.create`` arguments: under docker-init, every capability
     dropped but ``cap_add``, no new privileges, the limits, the run dir bound."""
     import docker.types
@@ -413,6 +429,8 @@ def _container_config(image: str, *, limits: Limits, network: str,
         run_dir = os.path.abspath(run_dir)
         os.makedirs(run_dir, mode=0o755, exist_ok=True)
         mounts.append(docker.types.Mount(CONTAINER_RUN_DIR, run_dir, type="bind"))
+    for host, inside in sorted((binds or {}).items()):
+        mounts.append(docker.types.Mount(inside, os.path.abspath(host), type="bind", read_only=True))
     config = dict(
         image=image, command=command, detach=True, init=True, network_mode=network,
         cap_drop=["ALL"], cap_add=cap_add or None, security_opt=["no-new-privileges"],
@@ -438,3 +456,4 @@ def _map_state(state: str) -> SandboxStatus:
 
 def _explain(exc) -> str:
     return str(getattr(exc, "explanation", None) or exc)
+

@@ -40,6 +40,7 @@ from sandboxes.backends.base import (
     LABEL_MANAGED,
     PLACEHOLDER_COMMAND,
     ExecResult,
+    OnOutput,
     Limits,
     SandboxBackend,
     SandboxHandle,
@@ -208,6 +209,7 @@ class HostDirBackend(SandboxBackend):
         labels: Mapping[str, str] | None = None,
         command: Sequence[str] | None = None,
         cap_add: Sequence[str] = (),
+        binds: Mapping[str, str] | None = None,
     ) -> str:
         validate_create_args(agent_id, image, network)
         try:
@@ -241,6 +243,7 @@ class HostDirBackend(SandboxBackend):
                 "env": {str(k): str(v) for k, v in (env or {}).items()},
                 "labels": {**(labels or {}), LABEL_MANAGED: "1", LABEL_AGENT: str(agent_id)},
                 "command": list(command or PLACEHOLDER_COMMAND),
+                "binds": {str(k): str(v) for k, v in (binds or {}).items()},
                 "created": time.time(),
             }
             self._prepare(staging, meta)
@@ -302,6 +305,7 @@ class HostDirBackend(SandboxBackend):
         *,
         env: Mapping[str, str] | None = None,
         timeout: float | None = 60,
+        on_output: OnOutput | None = None,
     ) -> ExecResult:
         argv = [str(a) for a in argv]
         if not argv:
@@ -316,7 +320,7 @@ class HostDirBackend(SandboxBackend):
         except OSError as exc:
             return ExecResult(126, b"", f"{argv[0]}: {exc}".encode(), time.monotonic() - t0)
         try:
-            out, err = proc.communicate(timeout=timeout)
+            out, err = procs.communicate(proc, timeout, on_output)
         except subprocess.TimeoutExpired:
             procs.killpg(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()

@@ -188,6 +188,8 @@ class LocalBackend(HostDirBackend):
             argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         for name in ("passwd", "group", "hostname") + (("hosts",) if meta["network"] != "host" else ()):
             argv += ["--ro-bind", stage.add(f"etc-{name}", path / "etc" / name), f"/etc/{name}"]
+        for i, (host, inside) in enumerate(sorted(meta.get("binds", {}).items())):
+            argv += ["--ro-bind", stage.add(f"bind-{i}", host), inside]
         argv += ["--bind", stage.add("home", self.host_home(sandbox_id)), HOME,
                  "--bind", stage.add("run", meta["run_dir"]), CONTAINER_RUN_DIR,
                  "--remount-ro", "/",

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
-from typing import Generator, Iterator
+from typing import Callable, Generator, Iterator
+
+from sandboxes.backends.base import Tail
 
 
 def proc_stat(pid: int) -> tuple[str | None, int | None]:
@@ -149,3 +153,32 @@ def chown_tree(path: Path, uid: int, gid: int) -> None:
                     pass
     finally:
         os.close(top)
+
+
+def communicate(proc: subprocess.Popen, timeout: float | None,
+                on_output: Callable[[str, bytes], None] | None = None) -> tuple[bytes, bytes]:
+    """``proc.communicate(timeout=…)`` that also hands each chunk of output to
+    ``on_output("stdout" | "stderr", chunk)`` as it arrives (in this thread),
+    and then keeps only the last base.TAIL_KEEP bytes a stream. Raises
+    subprocess.TimeoutExpired like communicate."""
+    if on_output is None:
+        return proc.communicate(timeout=timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    kept = {"stdout": Tail(), "stderr": Tail()}
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
+        sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
+        while sel.get_map():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(proc.args, timeout)
+            for key, _ in sel.select(left):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                kept[key.data].add(chunk)
+                on_output(key.data, chunk)
+    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+    proc.wait(timeout=left)
+    return kept["stdout"].value(), kept["stderr"].value()

@@ -34,6 +34,9 @@ class UnisolatedBackend(HostDirBackend):
     isolated = False
     python = sys.executable
 
+    def bind_inside(self, host_dir: str, inside: str) -> str:
+        return host_dir  # no mount namespace: the host's path as it is
+
     def bridge_command(self, run_dir: Path) -> list[str]:
         # -S: no site-packages of the host's python in the bridge (it is stdlib only).
         return [sys.executable, "-S", "-m", "bridge"]

@@ -10,8 +10,12 @@ import threading
 from pathlib import Path
 
 from . import config as cfg
+from .forward import Forwarder
+from .harness import Harness
 from .hooks import Hooks
 from .ops import Ops
+from .pi import PiHarness
+from .pi_rpc import PI_TOOLS, PiCommand
 from .redact import RedactingFilter, Redactor
 from .providers import make_provider
 from .requests import Requests
@@ -26,13 +30,23 @@ EXIT_CONFIG = 2
 EXIT_LOCKED = 3
 
 
+#: Stack per thread (the socket server's, the gateway forwarder's …). The
+#: default is RLIMIT_STACK, 8 MiB of address space each: under the local
+#: sandbox's RLIMIT_AS (its memory_mb) a few threads would use up a 64 MB
+#: agent before it ran a tool.
+THREAD_STACK = 1024 * 1024
+
+
 def main(argv=None) -> int:
+    threading.stack_size(THREAD_STACK)
     args = cfg.parse_args(argv)
     Path(args.run_dir).mkdir(parents=True, exist_ok=True)
     _setup_logging(args.run_dir)
     try:
         config = cfg.load_config(args.run_dir, args.config)
-        provider = make_provider(config, os.environ)
+        environ = _environ(args.run_dir, config)
+        provider = make_provider(config, environ)
+        cfg.harness_config(config)
     except (ValueError, OSError) as exc:
         log.error("bad configuration: %s", exc)
         return EXIT_CONFIG
@@ -44,10 +58,24 @@ def main(argv=None) -> int:
     except SessionLocked as exc:
         log.error("%s: refusing to run the session twice", exc)
         return EXIT_LOCKED
-    return _serve(args, config, provider, file)
+    return _serve(args, config, provider, file, environ)
 
 
-def _serve(args, config: dict, provider, file: SessionFile) -> int:
+def _environ(run_dir: str, config: dict) -> dict:
+    """The environment of providers, tools and hooks. With a gateway, its
+    forwarder is started here and the model's base URLs point at it."""
+    environ = dict(os.environ)
+    gateway = config.get("gateway")
+    if gateway:
+        if not isinstance(gateway, dict) or not isinstance(gateway.get("port", 0), int):
+            raise ValueError("gateway must be {\"port\": <int>}")
+        forwarder = Forwarder(os.path.join(run_dir, "gateway.sock"), gateway.get("port", 0))
+        environ.update(cfg.gateway_env(forwarder.start().port))
+        log.info("model gateway on 127.0.0.1:%d", forwarder.port)
+    return environ
+
+
+def _serve(args, config: dict, provider, file: SessionFile, environ: dict) -> int:
     state = file.load()
     resumed = state is not None
     session = Session(file, state or new_state())
@@ -55,7 +83,7 @@ def _serve(args, config: dict, provider, file: SessionFile) -> int:
     if args.seed and resumed:
         log.info("ignoring --seed: %s already holds a session", file.path)
     requests = Requests()
-    runner = _make_runner(args, config, provider, session, requests)
+    runner = _make_runner(args, config, provider, session, requests, environ)
     runner.resume(resumed, "resume" if resumed or seed else "startup")
     if seed:
         runner.seed(*seed)
@@ -74,9 +102,12 @@ def _serve(args, config: dict, provider, file: SessionFile) -> int:
     return _shutdown(runner, server)
 
 
-def _make_runner(args, config, provider, session, requests) -> Runner:
+def _make_runner(args, config, provider, session, requests, environ: dict) -> Harness:
     secrets = cfg.secret_env_names(config)
-    tool_env = {k: v for k, v in os.environ.items() if k not in secrets}
+    tool_env = {k: v for k, v in environ.items() if k not in secrets}
+    harness = cfg.harness_config(config)
+    if harness is not None:
+        return _make_pi(args, config, provider, session, tool_env, harness)
     limits = config.get("limits") or {}
     names = ("bash_timeout", "bash_timeout_max", "request_timeout")
     tool_limits = ToolLimits(**{k: float(limits[k]) for k in names if k in limits})
@@ -90,7 +121,17 @@ def _make_runner(args, config, provider, session, requests) -> Runner:
                   system=config.get("system") or SYSTEM_PROMPT)
 
 
-def _shutdown(runner: Runner, server: BridgeServer) -> int:
+def _make_pi(args, config, provider, session, tool_env: dict, harness: dict) -> PiHarness:
+    enabled = config.get("tools")
+    tools = tuple(t for t in PI_TOOLS if enabled is None or t in enabled)
+    command = PiCommand(node=harness["node"], cli=harness["cli"], home=args.home,
+                        base_url=tool_env["OPENAI_BASE_URL"], api_key=cfg.GATEWAY_KEY,
+                        label=provider.label, tools=tools, env=tool_env)
+    return PiHarness(session, Hooks(config.get("hooks"), args.home, tool_env), provider.label,
+                     command, args.run_dir)
+
+
+def _shutdown(runner: Harness, server: BridgeServer) -> int:
     log.info("bridge shutting down")
     runner.stop()
     server.shutdown()

@@ -18,7 +18,13 @@ DEFAULTS = {
     "limits": {},         # bash_timeout, bash_timeout_max, request_timeout, max_steps
     "system": None,       # system prompt override
     "redact": [],         # bound credentials [{"name", "env"}]: their values never written
+    "gateway": None,      # {"port": 0}: models through the control plane's gateway (forward.py)
+    "harness": None,      # None: the built-in one; {"name": "pi", "node", "cli"} (pi.py)
 }
+
+#: The key a harness is given when it calls through the gateway: a placeholder,
+#: never a credential (the gateway knows the agent by its socket).
+GATEWAY_KEY = "alineo-gateway"
 
 SECRET_ENV_DEFAULTS = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 
@@ -52,13 +58,38 @@ def load_config(run_dir: str, path: str | None = None) -> dict:
 
 
 def secret_env_names(config: dict) -> set[str]:
-    """Environment variables that hold model credentials: kept from tools' env."""
+    """Environment variables that hold model credentials: kept from tools' env.
+    Through the gateway the model's key is a placeholder: no secret to keep."""
+    if config.get("gateway"):
+        return set()
     kind = (config.get("model") or "demo").partition(":")[0]
     names = {SECRET_ENV_DEFAULTS[kind]} if kind in SECRET_ENV_DEFAULTS else set()
     key_env = (config.get("provider") or {}).get("api_key_env")
     if key_env:
         names.add(key_env)
     return names
+
+
+def gateway_env(port: int) -> dict[str, str]:
+    """What a harness needs to call the gateway through the forwarder."""
+    base = f"http://127.0.0.1:{port}"
+    return {"OPENAI_BASE_URL": f"{base}/v1", "ANTHROPIC_BASE_URL": base,
+            "OPENAI_API_KEY": GATEWAY_KEY, "ANTHROPIC_API_KEY": GATEWAY_KEY}
+
+
+def harness_config(config: dict) -> dict | None:
+    """The harness the config names (None: the built-in one); ValueError when it is wrong."""
+    harness = config.get("harness")
+    if harness is None or harness == "builtin":
+        return None
+    if not isinstance(harness, dict) or harness.get("name") != "pi":
+        raise ValueError('harness must be {"name": "pi", "node": <path>, "cli": <path>}')
+    for key in ("node", "cli"):
+        if not isinstance(harness.get(key), str) or not harness[key]:
+            raise ValueError(f"harness.{key} must be a path")
+    if not config.get("gateway"):
+        raise ValueError('the pi harness calls its model through the gateway: "gateway" is needed')
+    return harness
 
 
 def load_seed(path: str) -> tuple[list, int | None]:

@@ -22,7 +22,7 @@ from .protocol import (
     parse_op,
 )
 from .requests import Requests
-from .runner import Busy, Runner
+from .harness import Busy, Harness
 from .session import Session
 
 
@@ -37,7 +37,7 @@ class OpError(Exception):
 
 
 class Ops:
-    def __init__(self, session: Session, runner: Runner, requests: Requests, on_shutdown):
+    def __init__(self, session: Session, runner: Harness, requests: Requests, on_shutdown):
         self.session = session
         self.runner = runner
         self.requests = requests

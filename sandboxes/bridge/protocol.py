@@ -315,19 +315,23 @@ class EventsPage(Message):
 
     def check(self) -> None:
         # A healthy bridge numbers its events 1, 2, 3 … with no gaps (docs/BRIDGE.md).
+        # A repeat or a step back is a broken page; a gap (a session file edited
+        # from inside the sandbox) is not refused here: the relay journals it as
+        # `bridge.events_lost`, so the loss is on the record and the cursor moves on.
         for i in range(1, len(self.events)):
-            if self.events[i].bseq != self.events[i - 1].bseq + 1:
-                raise ProtocolError(f"events[{i}].bseq", "must follow the one before it")
+            if self.events[i].bseq <= self.events[i - 1].bseq:
+                raise ProtocolError(f"events[{i}].bseq", "must be above the one before it")
         if self.events and self.events[-1].bseq > self.head:
             raise ProtocolError("head", "must not be below the last event's bseq")
 
     def check_answers(self, request: EventsRequest) -> None:
         """Raise ProtocolError unless this page answers ``request``: it starts
-        right after the cursor and holds no more than was asked for."""
+        above the cursor (a gap is the relay's to journal) and holds no more
+        than was asked for."""
         if self.head < request.after:
             raise ProtocolError("head", "must not be below the cursor")
-        if self.events and self.events[0].bseq != request.after + 1:
-            raise ProtocolError("events[0].bseq", f"must be {request.after + 1}")
+        if self.events and self.events[0].bseq <= request.after:
+            raise ProtocolError("events[0].bseq", f"must be above the cursor {request.after}")
         if len(self.events) > max(1, min(request.limit, MAX_EVENTS)):
             raise ProtocolError("events", f"has more than the {request.limit} asked for")
 

@@ -6,8 +6,14 @@ and wake-ups from ever being delivered (measured: 11 s to notice a disconnect).
 Every DB read goes through database_sync_to_async, which closes the connection
 afterwards, so an idle stream holds no thread and no DB connection.
 
-Rows come only from the journal: a wake-up or a heartbeat just means "re-read
-after the cursor", so a resume has no gaps and no duplicates.
+Rows come only from the journal: a stream reads its own backlog (from its
+cursor), then joins its agent's shared tail (sessions/api/tails.py), which
+reads once per commit for every stream on the agent in this process and hands
+each the same encoded rows; the hand-over has no gap and no duplicate. What
+the tail offers is queued, never awaited, and a task (the pump) writes it only
+while something is queued, so an idle stream holds no task. A client whose
+queue passes ``ALINEO_SSE_STREAM_BUFFER_KB`` leaves the tail and reads on its
+own from what it was really sent, then joins again: it never delays the others.
 
 Each member may hold ``Workspace.max_streams_per_user`` open streams on the
 workspace's agents; one more is a 429 ``quota.streams`` (JSON). They are
@@ -22,8 +28,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import re
+from collections import deque
 from dataclasses import dataclass
 from urllib.parse import parse_qs
 
@@ -33,39 +39,23 @@ from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
 from django.db import DatabaseError
 
-from sessions import journal, wakeups
 from sessions.access import user_from_bearer, visible_agent
-from sessions.models import Workspace
+from sessions.models import SandboxSession, Workspace
 
 from .errors import ApiError, not_found
+from .frames import SSE_HEADERS, format_reset
+from .stepping import Stepped, step_at_once
+from .tails import KEEPALIVE, SB_TAILS, TAILS, Rows, Tail, encode
 
 log = logging.getLogger(__name__)
 
-PAGE = 500  # backlog rows per DB read
 RETRY_MS = 1000
-_LINE_BREAK = re.compile(r"[\r\n]")
 _CURSOR = re.compile(r"[0-9]{1,18}")  # ASCII digits only; 18 digits stay inside int64
 
-SSE_HEADERS = [
-    (b"Content-Type", b"text/event-stream; charset=utf-8"),
-    (b"Cache-Control", b"no-cache"),
-    (b"X-Accel-Buffering", b"no"),
-]
 
-
-def format_event(record: dict) -> bytes:
-    # json.dumps escapes CR/LF, so `data` is one line; the type is made safe
-    # too, since a line break in it would split the frame.
-    data = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
-    etype = _LINE_BREAK.sub(" ", record["type"])
-    return f"id: {record['seq']}\nevent: {etype}\ndata: {data}\n\n".encode()
-
-
-def format_reset(head: int) -> bytes:
-    # The id moves the client's Last-Event-ID to the head, so its next
-    # reconnect resumes from there instead of being reset again.
-    data = json.dumps({"head": head, "reason": "cursor_beyond_head"})
-    return f"id: {head}\nevent: reset\ndata: {data}\n\n".encode()
+def buffer_bytes() -> int:
+    """A stream's queue beyond which it stops waiting for the tail."""
+    return max(1, int(settings.ALINEO_SSE_STREAM_BUFFER_KB)) * 1024
 
 
 def parse_cursor(last_event_id: str | None, after: str | None) -> int:
@@ -134,14 +124,20 @@ class Allowed:
         return (self.user_id, self.workspace_id)
 
 
-@database_sync_to_async
-def _authorize(authorization: str | None, session_user, agent_id: str) -> Allowed:
-    """Who asks for which agent's stream, or an ApiError (401 / 404)."""
+def stream_user(authorization: str | None, session_user):
+    """The bearer token's user, else the session's; an ApiError 401 for neither."""
     user = user_from_bearer(authorization)
     if user is None and session_user is not None and session_user.is_authenticated:
         user = session_user
     if user is None:
         raise ApiError(401, "auth.required", "Send a bearer token or log in.")
+    return user
+
+
+@database_sync_to_async
+def _authorize(authorization: str | None, session_user, agent_id: str) -> Allowed:
+    """Who asks for which agent's stream, or an ApiError (401 / 404)."""
+    user = stream_user(authorization, session_user)
     agent = visible_agent(user, agent_id)
     if agent is None:
         raise not_found("agent")
@@ -160,24 +156,34 @@ def over_quota(allowed: Allowed) -> ApiError:
         quota="max_streams_per_user", limit=allowed.cap)
 
 
-@database_sync_to_async
-def _read_page(agent_id: str, after: int) -> journal.Page:
-    return journal.page_after(agent_id, after, PAGE)
-
-
 class TranscriptStream(AsyncHttpConsumer):
     """One open SSE response. State lives on the instance; nothing per stream
     runs between wake-ups except one sleeping heartbeat task."""
 
+    #: Whose journal is streamed (SandboxSessionStream streams another).
+    tails = TAILS
+    #: No channel of its own: the stream never receives on one (its tail is
+    #: subscribed for it), and on channels_redis the cancelled receive of an
+    #: unused per-stream channel kept every closed stream's task alive for up
+    #: to 5 s (what made tests/unit/api/test_stream_fanout.py take 170 s on
+    #: PostgreSQL + Redis). An alias that names no layer: channels skips it.
+    channel_layer_alias = "alineo.streams-need-no-channel"
+
+    async def authorize(self, authorization: str | None, session_user, target_id: str) -> Allowed:
+        return await _authorize(authorization, session_user, target_id)
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.agent_id: str | None = None
-        self.cursor = 0
-        self.lock = asyncio.Lock()
-        self.dirty = False
+        self.cursor = 0  # every row through it is sent or queued
+        self.sent = 0  # every row through it was handed to the server
+        self.pending: deque[tuple[bytes, int | None]] = deque()
+        self.pending_bytes = 0
+        self.behind = True  # reading its own backlog, not (yet) a member of the tail
+        self.fallbacks = 0  # times it was too slow for the tail
         self.closed = False
-        self.subscribed = False
-        self.heartbeat: asyncio.Task | None = None
+        self.tail: Tail | None = None
+        self.pump: asyncio.Task | None = None
         self.quota_key: tuple[int, int] | None = None  # counted in OPEN while set
 
     async def __call__(self, scope, receive, send):
@@ -200,14 +206,19 @@ class TranscriptStream(AsyncHttpConsumer):
         except ApiError as exc:
             await self._refuse(exc)
             raise StopConsumer()
-        await self._open(cursor)
+        try:
+            await self._open(cursor)
+        except DatabaseError:  # a tree tail's first read (sessions/api/tree_tail.py)
+            log.warning("stream: cannot open, database unavailable", exc_info=True)
+            await self._refuse(ApiError(503, "service.unavailable", "The database is unavailable; retry."))
+            raise StopConsumer()
 
     async def _check_request(self) -> int:
         if self.scope.get("method") != "GET":
             raise ApiError(405, "method.not_allowed", "The stream answers GET only.")
-        agent_id = self.scope["url_route"]["kwargs"]["agent_id"]
+        agent_id = self.scope["url_route"]["kwargs"].get("agent_id", "")
         user = self.scope.get("user")
-        allowed = await _authorize(_header(self.scope, b"authorization"), user, agent_id)
+        allowed = await self.authorize(_header(self.scope, b"authorization"), user, agent_id)
         self.agent_id = allowed.agent_id
         cursor = parse_cursor(_header(self.scope, b"last-event-id"), _query_after(self.scope))
         if not OPEN.take(allowed.key, allowed.cap):
@@ -226,69 +237,122 @@ class TranscriptStream(AsyncHttpConsumer):
         await self.send_body(body)
 
     async def _open(self, cursor: int) -> None:
-        self.cursor = cursor
-        # Subscribe before reading the backlog: a commit between the two then
-        # still wakes us, so nothing falls into the gap.
-        await self.channel_layer.group_add(wakeups.group_name(self.agent_id), self.channel_name)
-        self.subscribed = True
-        wakeups.watch(self.agent_id)
-        wakeups.ensure_started()
+        self.cursor = self.sent = cursor
+        # The tail subscribes to the agent's wake-ups before our backlog read:
+        # a commit between the two then still wakes it, so nothing falls into the gap.
+        self.tail = await self.tails.acquire(self.agent_id)
         await self.send_headers(status=200, headers=SSE_HEADERS)
         await self.send_body(f"retry: {RETRY_MS}\n\n".encode(), more_body=True)
-        self.heartbeat = asyncio.create_task(self._heartbeat())
-        await self.flush()
+        self._kick()
 
-    # --- delivering -----------------------------------------------------------------
+    # --- delivering: what the tail offers (never awaits) ----------------------------------
 
-    async def transcript_append(self, message):
-        """A wake-up from the group: re-read after the cursor."""
-        self.dirty = True
-        if self.lock.locked():
-            return  # the running flush sees `dirty` and reads once more
-        await self.flush()
+    def offer(self, rows: Rows) -> None:
+        if self.behind or self.closed:
+            return
+        rows = rows.after(self.cursor)
+        if rows is not None:
+            self._queue(rows.blob, rows.last)
 
-    async def flush(self) -> None:
-        """Send every event after the cursor. The lock keeps a wake-up and a
-        heartbeat from reading the same rows twice."""
-        self.dirty = True
-        async with self.lock:
-            while self.dirty and not self.closed:
-                self.dirty = False
-                try:
-                    await self._drain()
-                except DatabaseError:
-                    # A locked or missing DB must not end the stream: the next
-                    # wake-up or heartbeat reads again.
-                    log.warning("stream %s: transcript read failed", self.agent_id, exc_info=True)
+    def offer_reset(self, head: int) -> None:
+        self._queue(format_reset(head), head)
+
+    def offer_keepalive(self) -> None:
+        self._queue(KEEPALIVE, None)
+
+    def _queue(self, blob: bytes, last: int | None) -> None:
+        if self.behind or self.closed:
+            return
+        self.pending.append((blob, last))
+        self.pending_bytes += len(blob)
+        if last is not None:
+            self.cursor = last
+        # Behind by more than the buffer (and not by one big page alone): stop
+        # holding rows for this client; it reads on its own from what it sent.
+        if len(self.pending) > 1 and self.pending_bytes > buffer_bytes():
+            self._fall_behind()
+        self._kick()
+
+    def _fall_behind(self) -> None:
+        self.tail.leave(self)
+        self.pending.clear()
+        self.pending_bytes = 0
+        self.cursor = self.sent
+        self.behind = True
+        self.fallbacks += 1
+        log.info("stream %s: slow client, reading on its own from %d", self.agent_id, self.sent)
+
+    # --- delivering: the pump, a task only while there is something to do ----------------
+
+    def _kick(self) -> None:
+        """Write what is queued: at once when the server takes it without
+        waiting (daphne always does; a task per stream per commit would cost
+        more than the write), else in the pump task."""
+        if self.pump is not None or self.closed:
+            return
+        if self.behind or len(self.pending) != 1:
+            self.pump = asyncio.create_task(self._run_pump())
+            return
+        try:
+            waiting = step_at_once(self.send_body(self._next_blob(), more_body=True))
+        except Exception:  # the connection is gone; http.disconnect ends the stream
+            log.info("stream %s: write failed", self.agent_id, exc_info=True)
+            return
+        if waiting is not None:  # the client is not taking it now: go on in a task
+            self.pump = asyncio.create_task(self._run_pump(waiting))
+
+    def _next_blob(self) -> bytes:
+        blob, last = self.pending.popleft()
+        self.pending_bytes -= len(blob)
+        if last is not None:
+            self.sent = last
+        return blob
+
+    async def _run_pump(self, waiting: Stepped | None = None) -> None:
+        try:
+            if waiting is not None:
+                await waiting.finish()
+            while not self.closed:
+                if self.pending:
+                    await self.send_body(self._next_blob(), more_body=True)
+                elif self.behind:
+                    await self._catch_up()
+                else:
                     return
+        finally:
+            if self.pump is asyncio.current_task():
+                self.pump = None
 
-    async def _drain(self) -> None:
-        while not self.closed:
-            page = await _read_page(self.agent_id, self.cursor)
-            if self.cursor > page.head:
-                await self.send_body(format_reset(page.head), more_body=True)
-                self.cursor = page.head
-                continue
-            if page.events:
-                chunk = b"".join(format_event(rec.as_dict()) for rec in page.events)
-                await self.send_body(chunk, more_body=True)
-                self.cursor = page.events[-1].seq
-            if not page.has_more:
-                return
+    async def _catch_up(self) -> None:
+        """Join the tail if its ring reaches back to our cursor; else one page
+        of this stream's own backlog, and at its end join the tail."""
+        if self.tail.can_take(self.cursor) and self._join():
+            return
+        try:
+            page = await self.tails.reader(self.agent_id, self.cursor)
+        except DatabaseError:
+            # A locked or missing DB must not end the stream: try again shortly.
+            log.warning("stream %s: transcript read failed", self.agent_id, exc_info=True)
+            await asyncio.sleep(RETRY_MS / 1000)
+            return
+        if self.cursor > page.head:
+            self.cursor = self.sent = page.head
+            await self.send_body(format_reset(page.head), more_body=True)
+            return
+        if page.events:
+            rows = encode(page)
+            self.cursor = self.sent = rows.last
+            await self.send_body(rows.blob, more_body=True)
+        if not page.has_more:
+            self._join()
 
-    async def _heartbeat(self) -> None:
-        """A comment line every interval ±20 %, then a safety re-read: layer
-        messages are at-most-once, the database is not."""
-        base = float(settings.ALINEO_SSE_HEARTBEAT_S)
-        while not self.closed:
-            await asyncio.sleep(base * random.uniform(0.8, 1.2))
-            try:
-                await self.send_body(b": ka\n\n", more_body=True)
-                await self.flush()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # keep beating: one failed tick must not silence the stream
-                log.warning("stream %s: heartbeat failed", self.agent_id, exc_info=True)
+    def _join(self) -> bool:
+        if self.closed:
+            return False
+        self.behind = False  # the tail's join may offer the rows it is ahead by
+        if not self.tail.join(self):
+            self.behind = True  # the tail is further ahead than its ring: read on
+        return not self.behind
 
     # --- closing -------------------------------------------------------------------
 
@@ -302,12 +366,31 @@ class TranscriptStream(AsyncHttpConsumer):
         if self.quota_key is not None:
             OPEN.give_back(self.quota_key)
             self.quota_key = None
-        if self.heartbeat is not None and self.heartbeat is not asyncio.current_task():
-            self.heartbeat.cancel()
-        if self.subscribed:
-            self.subscribed = False
-            wakeups.unwatch(self.agent_id)
-            try:
-                await self.channel_layer.group_discard(wakeups.group_name(self.agent_id), self.channel_name)
-            except Exception:  # pragma: no cover - the layer expires it anyway
-                log.warning("stream %s: group_discard failed", self.agent_id, exc_info=True)
+        if self.pump is not None and self.pump is not asyncio.current_task():
+            self.pump.cancel()
+        tail, self.tail = self.tail, None
+        if tail is not None:
+            tail.leave(self)
+            await self.tails.release(tail)
+
+
+@database_sync_to_async
+def _authorize_session(authorization: str | None, session_user, session_id: str) -> Allowed:
+    user = stream_user(authorization, session_user)
+    row = (SandboxSession.objects.filter(pk=session_id[:32], workspace__members=user)
+           .values_list("workspace_id", "workspace__name", "workspace__max_streams_per_user")
+           .first())
+    if row is None:
+        raise not_found("sandbox")
+    return Allowed(session_id, user.pk, row[1], row[0], row[2])
+
+
+class SandboxSessionStream(TranscriptStream):
+    """GET /api/sandboxes/{id}/stream: a sandbox session's journal, the same way
+    (cursor, reset, heartbeats, a shared tail, the same open-streams quota).
+    Woken by sessions/sbjournal.py after each commit."""
+
+    tails = SB_TAILS
+
+    async def authorize(self, authorization: str | None, session_user, target_id: str) -> Allowed:
+        return await _authorize_session(authorization, session_user, target_id)

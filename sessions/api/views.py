@@ -5,6 +5,8 @@ sessions.journal. The SSE stream is routed in asgi.py, before Django."""
 from __future__ import annotations
 
 import re
+from functools import partial
+from typing import Callable
 
 from django.conf import settings
 from django.db.models import Q
@@ -16,6 +18,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from .. import commands, journal
 from ..access import visible_agent
+from ..gateway.usage import agent_usage
 from ..models import Agent, AgentStatus, Checkpoint, Command, Event, iso_ts
 from .errors import ApiError, error_response, not_found
 from .handler import api_view, idempotency_key, json_body, outcome_response, query_int
@@ -115,7 +118,8 @@ def agent_detail(request, user, agent_id: str):
             turns=None,
         )
         return JsonResponse(body)
-    body.update(current_turn=state["current_turn"], turns=state["turns"])
+    body.update(current_turn=state["current_turn"], turns=state["turns"],
+                usage=agent_usage(agent.id))
     return JsonResponse(body)
 
 
@@ -144,17 +148,24 @@ def agent_approve(request, user, agent_id: str):
 def agent_events(request, user, agent_id: str):
     """A page of the transcript: `?after=S` forward (seq > S) or `?before=S` backward."""
     agent = _agent(user, agent_id)
+    return events_page(request, partial(journal.page_after, agent.id),
+                       partial(journal.page_before, agent.id))
+
+
+def events_page(request, read_after: Callable, read_before: Callable) -> JsonResponse:
+    """A page of a journal (an agent's transcript, a sandbox session's):
+    `read_after(after, limit)` / `read_before(before, limit)` give a journal.Page."""
     after, before = query_int(request, "after"), query_int(request, "before")
     if after is not None and before is not None:
         raise ApiError(400, "cursor.conflict", "Give after or before, not both.")
     limit = query_int(request, "limit", minimum=1, maximum=settings.ALINEO_PAGE_LIMIT_MAX)
     limit = limit or settings.ALINEO_PAGE_LIMIT_DEFAULT
     if before is not None:
-        page = journal.page_before(agent.id, before, limit)
+        page = read_before(before, limit)
         cursor = {"next_before": page.first_seq if page.events else before}
     else:
         after = after or 0
-        page = journal.page_after(agent.id, after, limit)
+        page = read_after(after, limit)
         cursor = {"next_after": page.last_seq if page.events else after}
     return JsonResponse(
         {
@@ -247,6 +258,7 @@ def command_detail(request, user, command_id: str):
     return JsonResponse({
         "id": cmd.pk,
         "agent": cmd.agent_id,
+        "sandbox": cmd.sandbox_session_id,
         "verb": cmd.verb,
         "state": cmd.state,
         "result": result,

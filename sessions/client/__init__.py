@@ -28,10 +28,11 @@ retries; network errors and 502/503/504 are retried with bounded backoff.
 Streams resume from their cursor (``Last-Event-ID``) after a dropped
 connection: never a repeated or a missing chunk. Errors are
 :class:`AlineoError` (``status``, ``code``, ``message``, ``permanent``) and its
-subclasses. The reference is docs/CLIENT.md.
+subclasses. :class:`Sandbox` drives sandbox sessions (create, exec, checkpoint,
+resume, remove) with the same rules. The reference is docs/CLIENT.md.
 """
 
-from .agents import Agent, Alineo, AttachedAgent, Sandbox
+from .agents import Agent, AgentSandbox, Alineo, AttachedAgent
 from .errors import (
     AgentEnded,
     AlineoError,
@@ -44,16 +45,20 @@ from .errors import (
     InvalidRequest,
     NotFound,
     QuotaExceeded,
+    ReplayDiverged,
+    SandboxLost,
     ServerError,
     Timeout,
     TransportError,
 )
+from .sandboxes import ExecResult, Sandbox
 from .turns import Chunk, Event, Turn, reply_text, text_only
 
 __all__ = [
-    "Alineo", "Agent", "AttachedAgent", "Sandbox", "Turn", "Chunk", "Event", "text_only",
+    "Alineo", "Agent", "AttachedAgent", "AgentSandbox", "Sandbox", "ExecResult", "Turn", "Chunk",
+    "Event", "text_only",
     "reply_text", "AlineoError", "TransportError", "AuthError", "NotFound", "Conflict",
     "AgentEnded", "CheckpointExpired", "InvalidRequest", "QuotaExceeded", "ServerError",
     "CommandFailed",
-    "BridgeUnavailable", "CheckpointFailed", "Timeout",
+    "BridgeUnavailable", "CheckpointFailed", "Timeout", "SandboxLost", "ReplayDiverged",
 ]

@@ -23,7 +23,7 @@ from .turns import SETTLED, Event, Turn
 
 
 @dataclass(frozen=True)
-class Sandbox:
+class AgentSandbox:
     """Where the agent runs now. ``id`` changes when the agent is restored."""
 
     id: str | None
@@ -74,8 +74,8 @@ class AttachedAgent:
         return self.data.get("sandbox_id")
 
     @property
-    def sandbox(self) -> Sandbox:
-        return Sandbox(self.sandbox_id, self.id)
+    def sandbox(self) -> AgentSandbox:
+        return AgentSandbox(self.sandbox_id, self.id)
 
     @property
     def parent(self) -> str | None:

@@ -90,6 +90,15 @@ class CheckpointFailed(CommandFailed):
     permanent = False
 
 
+class SandboxLost(CommandFailed):
+    """A sandbox session's sandbox is gone (``sandbox.lost``): ``Sandbox.resume`` it."""
+
+
+class ReplayDiverged(CommandFailed):
+    """A resume's replayed exec exited otherwise than recorded (``replay.diverged``);
+    ``body["diverged"]`` names it. The session is usable with what ran."""
+
+
 class Timeout(AlineoError):
     """The outcome did not arrive before the deadline (the command may still be
     acted on later)."""
@@ -133,6 +142,10 @@ def command_error(result: dict, verb: str) -> AlineoError:
         cls = CheckpointFailed
     elif code == "agent_ended":
         cls = AgentEnded
+    elif code == "sandbox.lost":
+        cls = SandboxLost
+    elif code == "replay.diverged":
+        cls = ReplayDiverged
     else:
         cls = CommandFailed
     return cls(message, code=code, body=result)

@@ -35,11 +35,15 @@ class Transport:
 
     def __init__(self, url: str, token: str, *, timeout: float, retry_for: float,
                  ssl_context: ssl.SSLContext | None = None):
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        try:  # "http://[bad" and "http://h:99999" raise ValueError
+            parsed = urllib.parse.urlsplit(url)
+            port = parsed.port
+        except ValueError:
+            parsed, port = None, None
+        if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise InvalidRequest(f"not an http(s) URL: {url!r}", code="client.bad_url")
         self.url = url.rstrip("/")
-        self.scheme, self.host, self.port = parsed.scheme, parsed.hostname, parsed.port
+        self.scheme, self.host, self.port = parsed.scheme, parsed.hostname, port
         self.prefix = parsed.path.rstrip("/")
         self.token, self.timeout, self.retry_for = token, timeout, retry_for
         self.ssl_context = ssl_context

@@ -32,13 +32,19 @@ from .base import (
 )
 
 
+REASON_MAX = 500
+
+
 def approve(user, agent_id: str, body: Any, key: str | None = None) -> Outcome:
-    """{"bindings": [names]?} → 202: approve the held bindings the agent waits
+    """{"bindings": [names]?, "reason": text?} → 202: approve the held bindings the agent waits
     for (default: all of them) for its next sandbox start. Idempotent by
     Idempotency-Key; 409 approval.not_requested when nothing waits."""
     key = check_key(key)
     body = body_object(body)
-    only(body, ("bindings",))
+    only(body, ("bindings", "reason"))
+    reason = body.get("reason", "")
+    if not isinstance(reason, str) or len(reason) > REASON_MAX:
+        raise CommandRefused(400, "request.invalid", f"reason must be a text of at most {REASON_MAX} characters.")
     names = body.get("bindings")
     if names is not None:
         if (not isinstance(names, list) or not names
@@ -47,10 +53,11 @@ def approve(user, agent_id: str, body: Any, key: str | None = None) -> Outcome:
                                  "bindings must be a non-empty list of binding names.")
         names = list(dict.fromkeys(names))
     digest = request_hash("approve", agent_id, body)
-    return execute(user, key, digest, partial(_approve, user, agent_id, names, key, digest))
+    return execute(user, key, digest,
+                   partial(_approve, user, agent_id, names, reason.strip(), key, digest))
 
 
-def _approve(user, agent_id: str, names: list[str] | None, key, digest) -> Outcome:
+def _approve(user, agent_id: str, names: list[str] | None, reason: str, key, digest) -> Outcome:
     agent = locked(user, agent_id, "agent")  # another workspace's agent: 404 first
     if not may_approve(user):
         raise CommandRefused(
@@ -76,7 +83,8 @@ def _approve(user, agent_id: str, names: list[str] | None, key, digest) -> Outco
             f"it waits for {', '.join(state.missing)}.", bindings=list(state.missing))
     cmd = record(user, agent, CommandVerb.APPROVE, key, digest, 202)
     by = user.get_username()
-    fact = journal.append(agent.id, APPROVED, {"bindings": names, "by": by, "command": cmd.pk})
+    data = {"bindings": names, "by": by, "command": cmd.pk, **({"reason": reason} if reason else {})}
+    fact = journal.append(agent.id, APPROVED, data)  # who, and why: the journal keeps both
     waiting = [n for n in state.missing if n not in names]
     body = {"command": cmd.pk, "agent": agent.id, "verb": "approve", "seq": fact.seq,
             "bindings": names, "waiting_for": waiting, "state": "done"}

@@ -42,12 +42,13 @@ from . import lineage, quotas
 from .spawn import create_agent, no_sandbox, normalized
 
 ORIGINS = ("checkpoint", "at_event")
+NAME_MAX = 100  # as a spec's name (sessions/specs.py)
 
 
 def fork(user, agent_id: str, body: Any, key: str | None = None) -> Outcome:
     key = check_key(key)
     body = body_object(body)
-    only(body, (*ORIGINS, "parent", "prompt"))
+    only(body, (*ORIGINS, "parent", "prompt", "name"))
     if ("checkpoint" in body) == ("at_event" in body):
         raise CommandRefused(400, "request.invalid", "Give exactly one of checkpoint or at_event.")
     for field in ORIGINS:
@@ -61,9 +62,21 @@ def fork(user, agent_id: str, body: Any, key: str | None = None) -> Outcome:
         raise no_sandbox(exc) from exc
     parent = parent_id(body)
     prompt = optional_text("prompt", body.get("prompt"))
+    name = body.get("name")
+    if name is not None and (not isinstance(name, str) or len(name) > NAME_MAX):
+        raise CommandRefused(400, "request.invalid", f"name must be a string of at most {NAME_MAX} characters.")
     digest = request_hash("fork", agent_id, body)
     return execute(user, key, digest,
                    partial(_fork, user, agent_id, body, parent, prompt, key, digest))
+
+
+def fork_name(name: str | None, source: Agent) -> str:
+    """The fork's own name: the one asked for, else its source's with "(fork)" —
+    never the source's name as is (the tree would show two of one agent)."""
+    if name and name.strip():
+        return name.strip()
+    base = str((source.spec or {}).get("name") or "").strip()
+    return (f"{base[:NAME_MAX - 7]} (fork)" if base else f"fork of {source.id}")[:NAME_MAX]
 
 
 def _fork(user, agent_id, body, parent_id, prompt, key, digest) -> Outcome:
@@ -78,6 +91,7 @@ def _fork(user, agent_id, body, parent_id, prompt, key, digest) -> Outcome:
     # (its limits are the source's, lowered to the caps if these shrank since).
     workspace = quotas.locked_workspace(source.workspace_id)
     spec = quotas.check_spawn(workspace, parent, source.spec, set())
+    spec = {**spec, "name": fork_name(body.get("name"), source)}
     return create_agent(user, workspace=workspace, parent=parent, spec=spec,
                         prompt=prompt, verb=CommandVerb.FORK, key=key, digest=digest, fork=origin)
 

@@ -7,7 +7,8 @@ parent could:
 
 ============  =============================================================
 credentials   only the parent's bindings (same name and env); a ``hold``
-              stays ``hold`` (an ``auto`` may become ``hold``)
+              stays ``hold`` (an ``auto`` may become ``hold``); an
+              ``inject: gateway`` stays ``gateway`` (the key stays outside)
 network       ``host`` only when the parent has ``host``
 limits        each of memory_mb, pids, cpus at most the parent's
 tools         a subset of the parent's
@@ -29,6 +30,8 @@ from __future__ import annotations
 
 import copy
 from typing import Any
+
+from sessions.specs import inject_of
 
 from .base import CommandRefused
 
@@ -86,6 +89,10 @@ def _credentials(parent: dict, child: dict):
         if mine["env"] != binding["env"]:
             return (f"credentials[{i}].env",
                     f"puts {binding['name']!r} in {binding['env']}, the parent in {mine['env']}")
+        if inject_of(mine) == "gateway" and inject_of(binding) != "gateway":
+            return (f"credentials[{i}].inject",
+                    f"puts {binding['name']!r} into the sandbox; the parent's stays at the "
+                    "model gateway (it stays \"gateway\")")
         if mine.get("approval") == "hold" and binding.get("approval") != "hold":
             return (f"credentials[{i}].approval",
                     f"is {binding.get('approval')!r}, but the parent holds {binding['name']!r} "

@@ -12,7 +12,9 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from sessions import credentials, journal, specs
+from django.db import transaction
+
+from sessions import credentials, journal, specs, wakeups
 from sessions.access import default_workspace, visible_agent
 from sessions.models import Agent, AgentStatus, CommandVerb
 
@@ -127,6 +129,8 @@ def create_agent(user, *, workspace, parent: Agent | None, spec: dict, prompt: s
     a fork came from), its first prompt as a command of its own, and
     ``agent.child_spawned`` on the parent — inside the caller's transaction. → 201."""
     child = Agent.objects.create(workspace=workspace, parent=parent, created_by=user, spec=spec)
+    # The workspace's tree streams learn of a new root this way (a child's parent wakes them too).
+    transaction.on_commit(lambda: wakeups.notify_workspace(workspace.pk))
     cmd = record(user, child, verb, key, digest, 201)
     by = user.get_username()
     parent_id = parent.id if parent is not None else None

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.http import Http404, HttpResponseRedirect
-from django.shortcuts import redirect, render
+from django.shortcuts import render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
 from .. import commands
 from ..forms import SpawnForm, TextCommandForm
-from .common import agent_or_404, login_required, summarize
+from .common import agent_or_404, login_required, open_new_agent, summarize
 
 SPEC_CODES = ("spawn.escalation", "quota.limits")
 
@@ -63,12 +63,7 @@ def spawn(request):
                     field = "prompt"
                 form.add_error(field, exc.message)
             else:
-                agent_id = outcome.body["id"]
-                if outcome.replayed:
-                    messages.info(request, f"Already spawned {agent_id} for this click.")
-                else:
-                    messages.success(request, f"Spawned {agent_id}.")
-                return redirect("dash-agent", agent_id=agent_id)
+                return open_new_agent(request, outcome, "Spawned", "Already spawned")
         else:
             status = 400
     else:
@@ -106,6 +101,8 @@ def command(request, agent_id: str, verb: str):
             text = f"{what} sent (transcript #{outcome.body.get('seq')})."
             if replayed:
                 text = f"{what} was already sent by this click (#{outcome.body.get('seq')}); not sent twice."
+            if verb == "pause":
+                text += " The current step finishes first."
             note = ("success", text)
     agent.refresh_from_db()
     forms = action_forms()

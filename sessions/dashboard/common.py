@@ -10,11 +10,13 @@ from urllib.parse import quote, urlsplit
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpResponse
-from django.shortcuts import render
+from django.contrib import messages
+from django.shortcuts import redirect, render
 
 from .. import journal
 from ..access import visible_agent, workspaces_of
 from ..models import ENDED, Agent, AgentStatus
+from . import restores
 
 
 def _is_fragment(request) -> bool:
@@ -54,6 +56,17 @@ def bad_request(request, message: str) -> HttpResponse:
     return render(request, "400.html", {"message": message}, status=400)
 
 
+def open_new_agent(request, outcome, done: str, again: str):
+    """After a spawn or a fork: say so (or that this click had already done it),
+    then open the new agent's page."""
+    agent_id = outcome.body["id"]
+    if outcome.replayed:
+        messages.info(request, f"{again} {agent_id} for this click.")
+    else:
+        messages.success(request, f"{done} {agent_id}.")
+    return redirect("dash-agent", agent_id=agent_id)
+
+
 def agent_or_404(user, agent_id: str) -> Agent:
     """The agent if the user may see it; another workspace's agent is a 404 too."""
     agent = visible_agent(user, agent_id)
@@ -74,8 +87,9 @@ def summarize(agent: Agent) -> dict:
     except journal.Unrecoverable as exc:
         info.update(status=AgentStatus.UNRECOVERABLE.value, reason=str(exc), ended=True)
         return info
-    info.update(turn=state.get("current_turn"), turns=state.get("turns"),
-                last_restore=state.get("last_restore"))
+    last = state.get("last_restore")
+    info.update(turn=state.get("current_turn"), turns=state.get("turns"), last_restore=last,
+                last_restore_outcome=restores.outcome({"data": last}) if last else "")
     return info
 
 

@@ -1,6 +1,8 @@
-"""The home page: the workspace's agents drawn as a tree. The page and its
-live poll render the same fragment, sessions/_tree.html; the poll carries the
-version it was drawn at and gets a 204 while nothing changed."""
+"""The home page: the workspace's agents drawn as a tree, one live list per
+workspace. The page and GET /tree render the same fragment, sessions/_tree.html,
+each list with its cursor (the tree seq, sessions/dashboard/tree_nodes.py);
+alineo.js then follows the workspace's tree stream from there. GET /tree still
+answers 204 to the version it was drawn at while nothing changed."""
 
 from __future__ import annotations
 
@@ -11,40 +13,32 @@ from django.views.decorators.http import require_GET
 from sandboxes.backends import get_backend
 
 from ..access import workspaces_of
-from ..forms import TextCommandForm
-from ..models import Event
-from .common import login_required, summarize, tree_version, visible_agents
+from .common import login_required, tree_version, visible_agents
+from .tree_nodes import node_forms, node_summaries, tree_seq, with_last_activity
 
 
 def tree_context(user) -> dict:
-    version = tree_version(user)  # before the rows: a change in between only re-polls
-    agents = list(visible_agents(user))
+    version = tree_version(user)  # before the rows: a change in between only redraws
+    agents = list(with_last_activity(visible_agents(user)))
+    workspaces = list(workspaces_of(user).order_by("id"))
+    summaries = node_summaries(agents)
     by_parent: dict[str | None, list] = {}
     for agent in agents:
         by_parent.setdefault(agent.parent_id, []).append(agent)
 
-    origins = fork_origins([a.id for a in agents])
-
-    def build(parent_id):
+    def build(parent_id, workspace_id=None):
         return [
-            {**summarize(a), "forked_from": origins.get(a.id), "children": build(a.id)}
+            {**summaries[a.id], "children": build(a.id)}
             for a in by_parent.get(parent_id, [])
+            if workspace_id is None or a.workspace_id == workspace_id
         ]
 
-    return {
-        "workspaces": list(workspaces_of(user)),
-        "tree": build(None),
-        "version": version,
-        "count": len(agents),
-        **node_forms(),
-    }
-
-
-def fork_origins(agent_ids: list[str]) -> dict[str, dict]:
-    """Where each forked agent came from (its first fact says), by agent id."""
-    rows = Event.objects.filter(agent_id__in=agent_ids, seq=1, type="agent.spawned").values_list(
-        "agent_id", "data")
-    return {agent_id: data["fork"] for agent_id, data in rows if (data or {}).get("fork")}
+    # The cursor from the same rows as the drawing: what is drawn is at least that new.
+    trees = [{"id": w.pk, "name": w.name, "tree": build(None, w.pk),
+              "cursor": tree_seq(a.last_seq for a in agents if a.workspace_id == w.pk)}
+             for w in workspaces]
+    return {"workspaces": workspaces, "trees": trees, "version": version,
+            "count": len(agents), **node_forms()}
 
 
 def sandbox_notice() -> str | None:
@@ -73,7 +67,3 @@ def tree_fragment(request):
     if request.GET.get("v") == tree_version(request.user):
         return HttpResponse(status=204)
     return render(request, "sessions/_tree.html", tree_context(request.user))
-
-
-def node_forms() -> dict:
-    return {"prompt_form": TextCommandForm("prompt"), "steer_form": TextCommandForm("steer")}

@@ -96,7 +96,12 @@ _REQUEST = {"turn": _turn, "request_id": ID, "tool_call_id": ID}
 
 #: Each type a bridge emits, with its fields (docs/BRIDGE.md "Events").
 SCHEMAS: dict[str, dict[str, Check | Optional]] = {
-    "bridge.started": {"resumed": _bool, "session_start_source": _word, "model": NAME},
+    "bridge.started": {"resumed": _bool, "session_start_source": _word, "model": NAME,
+                       "harness": Optional(_word)},
+    # The pi harness (sandboxes/bridge/pi.py): Pi ended on its own; a session
+    # file written from the bridge's conversation (Pi had none yet).
+    "harness.exited": {"harness": _word, "exit_code": _nullable(_int), "log_tail": TEXT},
+    "harness.session_written": {"harness": _word, "messages": _count},
     "bridge.paused": {"turn": _turn},
     "bridge.unpaused": {"turn": _turn},
     "bridge.error": {"turn": _turn, "message": TEXT},

@@ -44,6 +44,7 @@ from sandboxes.backends.base import SandboxStatus
 from sandboxes.bridge.protocol import BridgeState
 from sandboxes.bridge_client import BridgeError, BridgeRequestError, BridgeUnavailable
 from sessions import approvals, leases
+from sessions.gateway.hub import open_listener
 from sessions.models import ENDED, CommandState
 
 from . import checkpoints, ladder, operations, slots, store
@@ -65,6 +66,11 @@ CONNECT_RETRY_S = 15
 SAFETY_POLL_S = 5
 UNLOADED = "unloaded"  # the status reason of an agent whose sandbox idle unload stopped
 MAKE_ROOM_S = 10  # quiet this long, an agent gives its slot to one that waits (slots.py)
+#: A bridge lost again this soon after a recovery is a quick loss: the next
+#: recovery waits 0.1 s, 0.2 s … up to RECOVER_BACKOFF_MAX_S, so a bridge that
+#: answers and drops at once never makes the ladder a busy loop.
+QUICK_LOSS_S = 2.0
+RECOVER_BACKOFF_MAX_S = 5.0
 
 
 class IdleClock:
@@ -92,6 +98,8 @@ class AgentDriver:
         self.healthy = False
         self.served = False  # it reached a bridge and acted (not only waited, e.g. for an approval)
         self.check_sandbox = False
+        self.recovered_at = float("-inf")
+        self.quick_losses = 0
         self.make_room = False  # another agent of the workspace waits for a sandbox slot
         self.wake = asyncio.Event()
         self.backend = get_backend()
@@ -101,7 +109,9 @@ class AgentDriver:
         self.paused = False
         self._verbs = {
             "prompt": self._prompt, "steer": self._steer, "interrupt": self._interrupt,
-            "pause": self._pause, "resume": self._pause, "spawn": self._done,
+            "pause": self._pause, "resume": self._pause,
+            # The new agent's own command: provisioning it (a fork's from its origin) was the act.
+            "spawn": self._done, "fork": self._done,
         }
 
     def kick(self) -> None:
@@ -137,9 +147,11 @@ class AgentDriver:
                     self.healthy = False
                     log.warning("agent %s: lost the bridge (%s); recovering", self.agent_id, exc)
                     await self.link.disconnect()
+                    await self._back_off()
                     if not await self._reload() or self._ended():
                         return
                     await self._recover()
+                    self.recovered_at = time.monotonic()
         except AgentLost:
             await self._reload()
             await self._act_without_sandbox()
@@ -150,6 +162,17 @@ class AgentDriver:
         finally:
             self.healthy = False
             await self.link.disconnect()
+
+    async def _back_off(self) -> None:
+        if time.monotonic() - self.recovered_at >= QUICK_LOSS_S:
+            self.quick_losses = 0
+            return
+        self.quick_losses += 1
+        delay = min(RECOVER_BACKOFF_MAX_S, 0.1 * 2 ** (self.quick_losses - 1))
+        log.warning("agent %s: the bridge was lost again %.1f s after a recovery (%d in a row); "
+                    "waiting %.1f s", self.agent_id, time.monotonic() - self.recovered_at,
+                    self.quick_losses, delay)
+        await asyncio.sleep(delay)
 
     async def _reach_a_bridge(self) -> bool:
         """A connected bridge for the agent (False: nothing to drive now)."""
@@ -206,6 +229,10 @@ class AgentDriver:
         """Relay and act on commands until stopped (True); raises when the
         bridge or the sandbox is lost."""
         info = self.info
+        # The agent's model gateway (docs/GATEWAY.md), on its run dir's socket.
+        gateway = await open_listener(self.agent_id, info.spec.get("model"),
+                                      launch.run_dir_for(self.agent_id),
+                                      info.secrets, self.lease)
         self.relay = Relay(self.agent_id, self.link, info.cursor, info.session,
                            secrets=info.secrets, after_turn=self._after_turn)
         relay_task = asyncio.create_task(self.relay.run(), name=f"relay-{self.agent_id}")
@@ -225,6 +252,8 @@ class AgentDriver:
             if not relay_task.done():
                 relay_task.cancel()
             await asyncio.gather(relay_task, return_exceptions=True)
+            if gateway is not None:
+                await gateway.close()
 
     async def _wait(self, relay_task: asyncio.Task) -> None:
         """Until a wake-up, the relay's end or the safety poll; raises when the

@@ -105,12 +105,15 @@ def for_recovery(info: AgentInfo, *, skip_checkpoints: bool = False,
 
 def _without_checkpoint(info: AgentInfo, newest: Checkpoint | None, now) -> str:
     """What became of the agent's newest checkpoint — the rows keep their
-    metadata after a sweep, and the transcript says who removed it and why."""
+    metadata after a sweep, and the transcript says who removed it and why.
+    A zero-data-retention workspace says so even when it never kept one."""
+    if info.zero_retention:
+        return "zero_data_retention"
     if newest is None:
         return "no_checkpoint"
     removed = (Event.objects.filter(agent_id=info.id, type__in=REMOVED, data__checkpoint=newest.pk)
                .order_by("-seq").values_list("type", "data").first())
-    if info.zero_retention or (removed and removed[1].get("reason") == "zero_data_retention"):
+    if removed and removed[1].get("reason") == "zero_data_retention":
         return "zero_data_retention"
     if removed and removed[0] == "agent.checkpoint_deleted":
         return "checkpoint_deleted"

@@ -31,6 +31,7 @@ from django.db import transaction
 from sandboxes.bridge.protocol import BridgeEvent
 from sandboxes.bridge_client import BridgeError, BridgeRequestError
 from sessions import commands, credentials, journal, memory
+from sessions.gateway.usage import turn_usage
 from sessions.models import Agent
 
 from . import admission, store
@@ -72,16 +73,36 @@ class Relay:
                 continue
             if not page.events:
                 continue
+            facts, mine = self._facts(page.events, sid)
             records = await _commit(self.agent_id, self.cursor, self.session, sid,
-                                    page.events[-1].bseq, [self._fact(ev) for ev in page.events])
+                                    page.events[-1].bseq, facts)
             self.cursor, self.session = page.events[-1].bseq, sid
             try:
                 await self.client.ack(self.cursor)
             except BridgeRequestError as exc:  # bad_ack: harmless, the next page tells
                 log.warning("agent %s: ack %d refused: %s", self.agent_id, self.cursor, exc)
-            for event, record in zip(page.events, records):
+            for event, record in zip(page.events, [records[i] for i in mine]):
                 if record.type == event.type:  # a refused event asks for nothing
                     await self._after(event, record.seq)
+
+    def _facts(self, events, sid: str) -> tuple[list[tuple[str, dict]], list[int]]:
+        """The page's facts, and where each event's own fact is among them.
+        A bseq that skips numbers (a session file edited from inside the
+        sandbox: our bridge numbers 1, 2, 3 …) is a loss the contract says
+        must not be silent: ``bridge.events_lost`` for the skipped range is
+        journaled in the same transaction, just before the event after it."""
+        facts, mine, last = [], [], self.cursor
+        for event in events:
+            if event.bseq > last + 1:
+                log.warning("agent %s: bridge events %d..%d are missing (a bseq gap)",
+                            self.agent_id, last + 1, event.bseq - 1)
+                facts.append(("bridge.events_lost", {"session_id": sid or self.session,
+                                                     "after": last, "through": event.bseq - 1,
+                                                     "reason": "bseq_gap"}))
+            mine.append(len(facts))
+            facts.append(self._fact(event))
+            last = event.bseq
+        return facts, mine
 
     def _fact(self, event: BridgeEvent) -> tuple[str, dict]:
         """The transcript fact for one bridge event: refused unless a sandbox
@@ -116,7 +137,8 @@ class Relay:
             acked = exc.info.acked or 0
             await _reset(self.agent_id, self.cursor, self.session, sid or self.session, acked,
                          ("bridge.events_lost", {"session_id": sid or self.session,
-                                                 "after": self.cursor, "through": acked}))
+                                                 "after": self.cursor, "through": acked,
+                                                 "reason": "cursor_pruned"}))
             self.cursor, self.session = acked, sid or self.session
             return
         raise exc
@@ -184,7 +206,17 @@ def _commit(agent_id: str, cursor: int, session: str, new_session: str, through:
             bridge_cursor=through, bridge_session=new_session)
         if moved != 1:
             raise CursorMoved(f"agent {agent_id}: the bridge cursor is no longer {session}:{cursor}")
-        return journal.append_many(agent_id, facts)
+        return journal.append_many(agent_id, [_with_usage(agent_id, f) for f in facts])
+
+
+def _with_usage(agent_id: str, fact: tuple[str, dict]) -> tuple[str, dict]:
+    """A turn's end carries what its model calls used (docs/GATEWAY.md), summed
+    from the gateway's model.call facts, which are journaled before the
+    bridge sees each answer: all of the turn's are in by now."""
+    etype, data = fact
+    if etype not in ("turn.finished", "turn.interrupted"):
+        return fact
+    return etype, {**data, "usage": turn_usage(agent_id, _turn_of(data))}
 
 
 @database_sync_to_async

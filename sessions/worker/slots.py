@@ -9,7 +9,8 @@ An agent holds a slot while ``Agent.sandbox_slot`` is set and it has not
 ended. The driver (sessions/worker/driver.py) calls :func:`claim` before it
 creates an agent's first sandbox and before it brings back one that idle
 unload stopped; :func:`release` goes with ``agent.unloaded``; stop, lost and
-unrecoverable end the agent, which frees its slot without a write. A
+unrecoverable end the agent, which frees its slot without a write. A sandbox
+session (sessions/commands/sandbox.py) holds a slot from create to remove. A
 replacement sandbox (restore, rebuild) keeps the slot of the one it replaces.
 While an agent waits, the other agents of its workspace give their slots up
 sooner: an idle sandbox is unloaded after 10 s of quiet instead of
@@ -28,7 +29,7 @@ from __future__ import annotations
 from django.db import transaction
 
 from sessions import journal
-from sessions.models import ENDED, Agent, AgentStatus, Workspace
+from sessions.models import ENDED, Agent, AgentStatus, Workspace, session_slots_in_use
 
 WAITING = "waiting for a sandbox slot"
 GRANTED = "sandbox slot granted"
@@ -40,11 +41,12 @@ def holders(workspace_id: int):
 
 
 def in_use(workspace_id: int) -> int:
-    return holders(workspace_id).count()
+    """Slots held by agents and by sandbox sessions (sessions/commands/sandbox.py)."""
+    return holders(workspace_id).count() + session_slots_in_use(workspace_id)
 
 
 def taken_by_others(workspace_id: int, agent_id: str) -> int:
-    return holders(workspace_id).exclude(pk=agent_id).count()
+    return holders(workspace_id).exclude(pk=agent_id).count() + session_slots_in_use(workspace_id)
 
 
 def waiting_reason(used: int, workspace: Workspace) -> str:

@@ -40,6 +40,7 @@ from sessions.models import ENDED, Agent, Command, CommandState
 
 from . import claims, retention, slots
 from .driver import UNLOADED, AgentDriver
+from .sbrunner import SessionRunner
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class Supervisor:
         self.next_sweep = 0.0  # the first scan sweeps: a policy changed while down applies at boot
         self.chores: asyncio.Task | None = None
         self.heartbeat: asyncio.Task | None = None
+        self.sandbox_sessions = SessionRunner()  # scripts' sandboxes (sessions/worker/sbrunner.py)
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Task:
         loop = loop or asyncio.get_event_loop()
@@ -92,6 +94,7 @@ class Supervisor:
     async def stop_drivers(self) -> None:
         tasks = list(self.drivers.values()) + [t for t in (self.chores, self.heartbeat) if t]
         held = self.held()
+        await self.sandbox_sessions.stop()
         for task in tasks:
             task.cancel()
         if tasks:
@@ -155,6 +158,7 @@ class Supervisor:
                 continue
             to_start.append(agent_id)
         await self._claim_and_start(to_start)
+        await self.sandbox_sessions.scan()
         if now >= self.next_watch:
             self.next_watch = now + WATCH_S
             await self.watch()

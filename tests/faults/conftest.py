@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests.fault_report import row_property
 from tests.faults import harness
 
 
@@ -42,25 +43,5 @@ def fault_row(request):
     yield row
     row.seconds = time.monotonic() - t0
     row.outcome = getattr(request.node, "_fault_outcome", "?")
-    harness.REPORT.append(row)
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    rows = harness.REPORT
-    if not rows:
-        return
-    tr = terminalreporter
-    tr.section("fault-injection summary")
-    head = f"{'scenario':<52} {'iter':>4}  {'rungs taken':<40} {'violations':>10}  {'outcome':<8} {'time':>7}"
-    tr.write_line(head)
-    tr.write_line("-" * len(head))
-    for r in rows:
-        rungs = ", ".join(f"{k}×{v}" for k, v in sorted(r.rungs.items())) or "-"
-        tr.write_line(f"{r.scenario[:52]:<52} {r.iterations:>4}  {rungs[:40]:<40} "
-                      f"{len(r.violations):>10}  {r.outcome:<8} {r.seconds:>6.1f}s")
-    seeds = sorted({str(r.seed) for r in rows if r.seed is not None})
-    if seeds:
-        tr.write_line(f"seed(s): {', '.join(seeds)} (rerun with ALINEO_FAULT_SEED=<seed>)")
-    for r in rows:
-        for v in r.violations[:20]:
-            tr.write_line(f"VIOLATION [{r.scenario}] {v}")
+    # Gathered from the reports by tests/fault_report.py (also under xdist).
+    request.node.user_properties.append(row_property(row))

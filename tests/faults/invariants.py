@@ -20,9 +20,11 @@ each naming the agent — so a scenario can count them. An empty list means:
 5. **the agent answers**: a demo ``say:`` prompt reaches ``turn.finished``;
 6. **tree edges intact**: every ``agent.child_spawned`` child is listed under
    its parent by GET /api/agents and names it as parent, and no child twice;
-7. **files survive**: every file a ``write`` call wrote, up to what the last
-   fresh-sandbox rung kept (restore: the checkpoint's turn; rebuild: none), is
-   in the home with its content (``run: cat <file>``).
+7. **files survive**: every file a ``write`` call wrote, up to the newest
+   checkpoint TAKEN before the last fresh sandbox (from the
+   ``agent.checkpointed`` facts; none: nothing), is in the home with its
+   content (``run: cat <file>``); and each fresh sandbox came from that newest
+   live checkpoint (rung restore with its id), or was rebuilt when there was none.
 
 The checker never sleeps on a clock for correctness; it only waits (bounded)
 for the agent to settle, and a wait that runs out is itself a violation.
@@ -35,9 +37,10 @@ import time
 import uuid
 from collections import Counter, defaultdict
 
+from tests.bseqs import FRESH_RUNGS, bseq_trouble
+
 SETTLE = ("turn.finished", "turn.interrupted")
 ENDED = ("stopped", "lost", "unrecoverable")
-FRESH_RUNGS = ("restore", "rebuild")
 WAIT_SETTLE = 60.0
 
 
@@ -55,6 +58,7 @@ def check(world, agents: list[str] | None = None, *, probe: bool = True, files: 
     events_of = {agent: world.events(agent) for agent in agents}
     for agent in agents:
         violations += transcript(world, agent, events_of[agent])
+        violations += restores(agent, events_of[agent])
     violations += acknowledged(world, agents, events_of)
     violations += tree(world, agents, events_of)
     return violations
@@ -112,12 +116,26 @@ def unsettled_turns(events: list[dict]) -> list[int]:
 # --- 5 + 7: the agent answers, and its files are there -------------------------------------------
 
 
+REMOVED_CHECKPOINT = ("agent.checkpoint_expired", "agent.checkpoint_deleted")
+
+
+def newest_checkpoint(taken: list[dict], removed: set) -> dict | None:
+    """The newest checkpoint the transcript says was taken and not removed."""
+    live = [c for c in taken if c.get("checkpoint") not in removed]
+    return live[-1] if live else None
+
+
 def expected_files(events: list[dict]) -> dict[str, str]:
-    """path → content of every successful `write`, as the last fresh-sandbox
-    rung left them (restore: as of the restored checkpoint's turn; rebuild: none)."""
+    """path → content of every successful `write`, as the last fresh sandbox
+    must have them: as of the turn of the newest checkpoint actually TAKEN
+    before it (the `agent.checkpointed` facts, not the restore's own account of
+    what it restored: a stale checkpoint, or a rebuild reported instead of a
+    restore, must not shrink what is expected); none when no checkpoint was live."""
     files: dict[str, str] = {}
     by_turn: dict[int, dict[str, str]] = {}
     calls: dict[str, dict] = {}
+    taken: list[dict] = []
+    removed: set = set()
     for e in events:
         t, d = e["type"], e["data"]
         if t == "tool.dispatched" and d.get("name") == "write":
@@ -128,11 +146,39 @@ def expected_files(events: list[dict]) -> dict[str, str]:
                 files[str(call.get("path"))] = str(call.get("content"))
         elif t in SETTLE:
             by_turn[int(d.get("turn") or 0)] = dict(files)
-        elif t == "agent.restored" and d.get("rung") == "restore":
-            files = dict(by_turn.get(int(d.get("checkpoint_turn") or 0), {}))
-        elif t == "agent.restored" and d.get("rung") == "rebuild":
-            files = {}
+        elif t == "agent.checkpointed":
+            taken.append(d)
+        elif t in REMOVED_CHECKPOINT:
+            removed.add(d.get("checkpoint"))
+        elif t == "agent.restored" and d.get("rung") in FRESH_RUNGS:
+            newest = newest_checkpoint(taken, removed)
+            files = dict(by_turn.get(int(newest.get("turn") or 0), {})) if newest else {}
     return files
+
+
+def restores(agent: str, events: list[dict]) -> list[str]:
+    """Each fresh sandbox came from the newest live checkpoint taken before it
+    (rung restore, that checkpoint's id), or was rebuilt when there was none."""
+    out = []
+    taken: list[dict] = []
+    removed: set = set()
+    for e in events:
+        t, d = e["type"], e["data"]
+        if t == "agent.checkpointed":
+            taken.append(d)
+        elif t in REMOVED_CHECKPOINT:
+            removed.add(d.get("checkpoint"))
+        elif t == "agent.restored" and d.get("rung") in FRESH_RUNGS:
+            newest = newest_checkpoint(taken, removed)
+            if newest is None and d.get("rung") == "restore":
+                out.append(f"{agent}: seq {e['seq']} restored checkpoint {d.get('checkpoint')} "
+                           "but no checkpoint was taken (and kept) before it")
+            elif newest is not None and (d.get("rung") != "restore"
+                                         or d.get("checkpoint") != newest.get("checkpoint")):
+                out.append(f"{agent}: seq {e['seq']} {d.get('rung')} from checkpoint "
+                           f"{d.get('checkpoint')} (turn {d.get('checkpoint_turn')}), but the "
+                           f"newest taken was {newest.get('checkpoint')} (turn {newest.get('turn')})")
+    return out
 
 
 def answers(world, agents: list[str], *, files: bool = True, timeout: float = 60.0) -> list[str]:
@@ -197,26 +243,11 @@ def transcript(world, agent: str, events: list[dict]) -> list[str]:
         gaps = [(a, b) for a, b in zip([0, *seqs], seqs) if b != a + 1][:5]
         out.append(f"{agent}: seq is not contiguous 1..{len(seqs)}: jumps {gaps}")
 
-    # Bridge events: once per incarnation, consecutive within it.
-    last_bseq = None
+    # Bridge events: once per incarnation, consecutive within it (tests/bseqs.py).
+    out += [f"{agent}: {why}" for why in bseq_trouble(events)]
     for e in events:
-        t, d = e["type"], e["data"]
-        if t in ("bridge.session_changed", "bridge.cursor_reset") or (
-                t == "agent.restored" and d.get("rung") in FRESH_RUNGS):
-            last_bseq = None
-            continue
-        if t == "bridge.events_lost":
-            out.append(f"{agent}: bridge events were lost: seq {e['seq']} {d}")
-        if t in ("bridge.refused", "bridge.event_refused"):  # our own bridge is never refused
-            out.append(f"{agent}: a bridge event was refused: seq {e['seq']} {d}")
-        if "bseq" not in d:
-            continue
-        b = d["bseq"]
-        if last_bseq is not None and b != last_bseq + 1:
-            kind = "twice" if b <= last_bseq else "with a gap"
-            out.append(f"{agent}: bridge event bseq {b} journaled {kind} (after bseq {last_bseq}) "
-                       f"at seq {e['seq']} ({t})")
-        last_bseq = b
+        if e["type"] in ("bridge.refused", "bridge.event_refused"):  # our own bridge never is
+            out.append(f"{agent}: a bridge event was refused: seq {e['seq']} {e['data']}")
 
     # Command facts: once per Command id.
     per_command = Counter()

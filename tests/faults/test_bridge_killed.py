@@ -13,7 +13,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.faults.harness import World, cleanup_sandboxes, fault_cases, kill_bridge, make_server
+from tests.faults.harness import (
+    World,
+    cleanup_sandboxes,
+    fault_cases,
+    kill_bridge,
+    make_server,
+    mid_turn_repeats,
+)
 from tests.faults import invariants
 
 
@@ -27,14 +34,15 @@ def test_bridge_killed(kind, fault_row):
         world = World(server, kind, server.create_actor("bea"))
         agent = world.spawn({"model": "demo", "checkpoint": True}, "write first.txt: first-bridge")
         assert not invariants.settle(world, [agent], invariants.WAIT_SETTLE)
+        repeats = mid_turn_repeats(2)
         rungs = fault_cases(world, agent, lambda w, a: kill_bridge(w, a), fault_row,
-                            label="bridge killed", checkpoint=True, mid_turn_repeats=2)
+                            label="bridge killed", checkpoint=True, mid_turn_repeats=repeats)
         print(f"[faults] bridge killed on {kind}: rungs {rungs}")
         allowed = {"resume"} if kind == "local" else {"resume", "restart"}
         assert set(rungs) <= allowed, f"rungs {rungs}, expected only {allowed}"
         events = world.events(agent)
         interrupted = [e["data"] for e in events if e["type"] == "turn.interrupted"]
-        assert len(interrupted) == 2 and all(d["reason"] == "bridge_restarted" for d in interrupted), \
+        assert len(interrupted) == repeats and all(d["reason"] == "bridge_restarted" for d in interrupted), \
             interrupted
         assert not fault_row.violations, "\n".join(fault_row.violations)
     finally:

@@ -8,9 +8,18 @@ server, starts it again on the same data dir (commands in flight are retried
 with the same Idempotency-Key, as a client would), and checks every invariant
 (tests.faults.invariants) including the next prompt and the files.
 
+Every third kill is placed by the test at a named moment (a tool call
+running: ``mid-tool``); the others land at a random moment. Just before each
+kill the test notes where it finds the agents (mid-tool, mid-turn, a command
+journaled but not yet delivered, idle) and the summary table counts them.
+Every prompt sent from a thread must come back acknowledged (an exception,
+a refusal or a hang there fails the test, never only warns); the only rung a
+kill -9 of the control plane may take is ``reattach``, journaled once per
+restart at most, and no agent may end lost or unrecoverable.
+
 Seeded and reproducible in what it does (the moments depend on the machine):
 the seed comes from ALINEO_FAULT_SEED or is drawn, and is printed.
-ALINEO_FAULT_ITERATIONS overrides the local count (default 30; docker 5).
+ALINEO_FAULT_ITERATIONS overrides the local count (default 15; docker 5).
 """
 
 from __future__ import annotations
@@ -24,10 +33,18 @@ from collections import Counter
 import pytest
 
 from tests.faults import invariants
-from tests.faults.harness import DEMO, World, cleanup_sandboxes, excerpt, make_server
+from tests.faults.harness import (
+    DEMO,
+    World,
+    cleanup_sandboxes,
+    excerpt,
+    make_server,
+    placement,
+    wait_running_step,
+)
 
 SEED = int(os.environ.get("ALINEO_FAULT_SEED") or random.SystemRandom().randrange(1, 2**31))
-ITERATIONS = {"local": int(os.environ.get("ALINEO_FAULT_ITERATIONS") or 30),
+ITERATIONS = {"local": int(os.environ.get("ALINEO_FAULT_ITERATIONS") or 15),
               "docker": int(os.environ.get("ALINEO_FAULT_DOCKER_ITERATIONS") or 5)}
 MAX_CHILDREN = 3
 
@@ -46,12 +63,16 @@ def _work(rng: random.Random, i: int, agent: str, may_spawn: bool) -> tuple[str,
 
 @pytest.mark.parametrize("kind", ["local", "docker"])
 def test_kill_minus_nine_during_turns(kind, fault_row):
-    n = ITERATIONS[kind]
+    kill_scenario(kind, fault_row, make_server(kind), ITERATIONS[kind])
+
+
+def kill_scenario(kind: str, fault_row, server, n: int, label: str = "kill -9 control plane") -> None:
+    """The scenario on `server` (not started yet; SQLite or, from
+    tests/scaleout/test_faults_pg.py, PostgreSQL + Redis), `n` kills."""
     rng = random.Random(f"{SEED}:{kind}")
-    fault_row.seed, fault_row.scenario = SEED, f"kill -9 control plane ({kind})"
+    fault_row.seed, fault_row.scenario = SEED, f"{label} ({kind})"
     print(f"\n[faults] kill -9 of the control plane on {kind}: seed {SEED} "
           f"(ALINEO_FAULT_SEED={SEED} reproduces it), {n} iterations")
-    server = make_server(kind)
     server.start()
     try:
         world = World(server, kind, server.create_actor("kim"))
@@ -67,15 +88,15 @@ def test_kill_minus_nine_during_turns(kind, fault_row):
         spawned = 1
         for i in range(1, n + 1):
             picked = rng.sample(targets, rng.randint(1, len(targets)))
-            threads = []
+            threads, outcomes = [], []
             for agent in picked:
                 may_spawn = agent == parent and spawned < MAX_CHILDREN and rng.random() < 0.15
                 spawned += may_spawn
                 text, _ = _work(rng, i, agent, may_spawn)
                 if rng.random() < 0.3:
                     # In flight when the kill comes: the client retries with its key.
-                    t = threading.Thread(target=_send_later,
-                                         args=(world, agent, text, rng.uniform(0, 0.6)))
+                    t = threading.Thread(target=_send_later, args=(
+                        world, agent, text, rng.uniform(0, 0.6), outcomes))
                     t.start()
                     threads.append(t)
                 else:
@@ -83,14 +104,28 @@ def test_kill_minus_nine_during_turns(kind, fault_row):
                 if rng.random() < 0.2:
                     world.send(agent, "steer", f"say: steer {i} for {agent[-6:]}")
             delay = rng.uniform(0.0, 1.6)
-            time.sleep(delay)
+            if i % 3 == 0:  # placed: while a tool call of the first picked agent runs
+                how = "placed mid-tool"
+                try:
+                    wait_running_step(world, picked[0], "", timeout=10)
+                except AssertionError:
+                    how = "placed mid-tool (missed: the turns ended first)"
+            else:
+                how = f"random, after {delay:.2f} s"
+                time.sleep(delay)
+            landed = placement(world, picked)
             server.kill()
+            fault_row.placements.update(landed)
             server.start()
             for t in threads:
                 t.join(120)
-            violations = invariants.check(world)
+            violations = [f"a prompt sent from a thread never came back: {t.name}"
+                          for t in threads if t.is_alive()]
+            violations += [f"a prompt sent from a thread failed: {o}" for o in outcomes
+                           if o != "acknowledged"]
+            violations += invariants.check(world)
             fault_row.iterations = i
-            print(f"[faults] {kind} iteration {i}/{n}: killed after {delay:.2f} s, "
+            print(f"[faults] {kind} iteration {i}/{n}: killed ({how}) finding {landed}, "
                   f"{len(violations)} violation(s)", flush=True)
             if violations:
                 fault_row.violations += [f"seed {SEED} iteration {i}: {v}" for v in violations]
@@ -99,8 +134,10 @@ def test_kill_minus_nine_during_turns(kind, fault_row):
                     print("   ", v)
                 for agent in {v.split(":")[0] for v in violations if v.startswith("ag_")}:
                     print(excerpt(world, agent))
+        fault_row.violations += _rung_violations(world, targets, n)
         fault_row.add_rungs(Counter(world.rungs_of([a["id"] for a in world.agents()])))
-        print(f"[faults] rungs taken: {dict(fault_row.rungs)}")
+        print(f"[faults] rungs taken: {dict(fault_row.rungs)}; kills landed: "
+              f"{dict(fault_row.placements)}")
         assert not fault_row.violations, (
             f"seed {SEED}: {len(fault_row.violations)} invariant violation(s):\n"
             + "\n".join(fault_row.violations[:30]))
@@ -113,6 +150,35 @@ def test_kill_minus_nine_during_turns(kind, fault_row):
         server.__exit__(None, None, None)
 
 
-def _send_later(world: World, agent: str, text: str, delay: float) -> None:
-    time.sleep(delay)
-    world.send(agent, "prompt", text, timeout=120)
+def _send_later(world: World, agent: str, text: str, delay: float, outcomes: list) -> None:
+    """Send a prompt after `delay`; its outcome goes to `outcomes` (an
+    exception in a thread would otherwise only be a pytest warning)."""
+    try:
+        time.sleep(delay)
+        world.send(agent, "prompt", text, timeout=120)
+        outcomes.append("acknowledged")
+    except BaseException as exc:  # noqa: BLE001 - reported by the test, not lost
+        outcomes.append(f"{agent}: {type(exc).__name__}: {str(exc)[:300]}")
+
+
+def _rung_violations(world: World, targets: list[str], kills: int) -> list[str]:
+    """A kill -9 of the control plane leaves every sandbox running: the only
+    rung is reattach (reason control_plane_restart), at most once per restart
+    for each agent, at least once for those that lived through every kill;
+    nobody ends lost or unrecoverable."""
+    out = []
+    for a in world.agents():
+        events = world.events(a["id"])
+        rungs = [(e["data"].get("rung"), e["data"].get("reason")) for e in events
+                 if e["type"] == "agent.restored"]
+        wrong = [r for r in rungs if r != ("reattach", "control_plane_restart")]
+        if wrong:
+            out.append(f"{a['id']}: a kill -9 of the control plane took rungs {wrong}")
+        if len(rungs) > kills:
+            out.append(f"{a['id']}: {len(rungs)} reattach facts for {kills} restarts")
+        if a["id"] in targets and not rungs:
+            out.append(f"{a['id']}: never reattached in {kills} restarts")
+        if a["status"] in ("lost", "unrecoverable") or any(e["type"] == "agent.lost"
+                                                          for e in events):
+            out.append(f"{a['id']}: ended {a['status']!r} after a kill -9 of the control plane")
+    return out

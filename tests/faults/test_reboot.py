@@ -13,12 +13,15 @@ reboot would, its mounts are unmounted, the exec-root wiped and the stale
 pidfile removed; dockerd is started again: the containers are Exited. The
 server, started again, brings the agents back on rung `restart` with /root
 intact (the files written before, turn checkpoints or not), the running turn
-settled once, and every invariant holds.
+settled once, and every invariant holds — for the built-in harness and for
+`"harness": "pi"` (Pi started again on its session file in the intact /root).
 Everything is removed at the end: the containers, the second dockerd (stopped
 by PID), its processes, mounts and directories.
 """
 
 from __future__ import annotations
+
+import pytest
 
 from tests.dockerd2 import SecondDockerd
 from tests.faults import invariants
@@ -28,11 +31,14 @@ from tests.faults.harness import (
 )
 
 
-def test_machine_reboot(fault_row):
-    fault_row.scenario = "machine reboot (second dockerd)"
+@pytest.mark.parametrize("harness", ["builtin", "pi"])
+def test_machine_reboot(harness, fault_row):
+    fault_row.scenario = "machine reboot (second dockerd)" + (", pi" if harness == "pi" else "")
     ensure_root()
     ensure_docker()
-    from sandboxes import images
+    from sandboxes import harnesses, images
+
+    install = harnesses.ensure_harness({"harness": harness})  # once, before anything is timed
 
     tag, _ = images.ensure_base_image()
     engine = SecondDockerd()
@@ -41,11 +47,18 @@ def test_machine_reboot(fault_row):
     try:
         engine.start()
         engine.load_image(tag)
+        if install is not None:  # the harness layer, made once on the main engine, copied over
+            from sandboxes.backends.docker import DockerBackend
+            from sandboxes.setup import ensure_harness_layer
+
+            engine.load_image(ensure_harness_layer(DockerBackend(), tag, install,
+                                                   harnesses.HARNESS_DIR))
         server = make_server("docker", env={"DOCKER_HOST": engine.host})
         server.start()
         world = World(server, "docker", server.create_actor("rita"))
-        idle = world.spawn({"model": "demo", "checkpoint": True}, "write idle.txt: idle-before")
-        busy = world.spawn({"model": "demo"}, "write busy.txt: busy-before")
+        demo = {"model": "demo", "harness": harness}
+        idle = world.spawn({**demo, "checkpoint": True}, "write idle.txt: idle-before")
+        busy = world.spawn(demo, "write busy.txt: busy-before")
         assert not invariants.settle(world, [idle, busy], invariants.WAIT_SETTLE)
         world.send(busy, "prompt", "write mid.txt: mid-before\nsleep: 7.7\nrun: echo after")
         wait_running_step(world, busy, "sleep 7.7")

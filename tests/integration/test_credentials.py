@@ -16,7 +16,7 @@ import uuid
 import httpx
 
 from tests.integration.worlds import events_of, assert_sound
-from tests.unit.bridge.fake_models import SSE, FakeModelServer, openai_events
+from tests.unit.bridge.fake_models import FakeModelServer, openai_completion
 
 
 def store_secret(world, name: str, value: str) -> None:
@@ -77,9 +77,9 @@ def test_openai_compatible_provider_with_a_bound_key_runs_a_turn(world):
     key = "sk-canary-" + uuid.uuid4().hex
     with FakeModelServer() as fake:
         fake.script = [
-            SSE(openai_events(["Let me check."],
-                              [("call_1", "bash", ['{"command": ', '"echo hi-from-tool"}'])])),
-            SSE(openai_events(["All ", "done."])),
+            openai_completion(["Let me check."],
+                              [("call_1", "bash", ['{"command": ', '"echo hi-from-tool"}'])]),
+            openai_completion(["All ", "done."]),
         ]
         store_secret(world, "openai-key", key)
         store_secret(world, "openai-url", fake.url + "/v1")

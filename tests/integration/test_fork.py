@@ -12,6 +12,13 @@ def _bash_output(events, turn):
                 if e["data"].get("turn") == turn and e["data"]["name"] == "bash")
 
 
+def _assert_the_fork_command_is_done(world, command: int, child_events) -> None:
+    """A fork that worked is a command that worked (it used to end
+    failed/unknown_verb, with a red "Command failed · fork" row)."""
+    assert world.get(f"/api/commands/{command}")["state"] == "done"
+    assert not events_of(child_events, "command.failed")
+
+
 def test_fork_from_a_checkpoint_and_from_an_event(world):
     source = world.spawn({"model": "demo", "checkpoint": True}, "write notes.txt: first version")
     world.wait_for(source, lambda evs: events_of(evs, "agent.checkpointed"), "the first checkpoint")
@@ -28,6 +35,7 @@ def test_fork_from_a_checkpoint_and_from_an_event(world):
     assert "first version" in _bash_output(child, 2)  # turn numbering continues the source's
     forked = events_of(child, "agent.forked")[0]["data"]
     assert forked["rung"] == "restore" and forked["from"]["checkpoint"] == first_cp
+    _assert_the_fork_command_is_done(world, r.json()["command"], child)
 
     r = world.post(f"/api/agents/{source}/fork", {"at_event": first_finished, "prompt": "run: cat notes.txt"})
     assert r.status_code == 201, r.text
@@ -35,6 +43,7 @@ def test_fork_from_a_checkpoint_and_from_an_event(world):
     child = world.wait_turns(from_event, 1)
     forked = events_of(child, "agent.forked")[0]["data"]
     assert forked["rung"] == "rebuild" and forked["seeded_messages"] >= 2
+    _assert_the_fork_command_is_done(world, r.json()["command"], child)
     result = next(e["data"] for e in events_of(child, "tool.result") if e["data"]["name"] == "bash")
     assert result["exit_code"] != 0  # a fresh disk: the file never existed there
 

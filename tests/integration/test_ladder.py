@@ -14,26 +14,21 @@ import signal
 
 import pytest
 
+from tests.bseqs import bseq_trouble
 from tests.integration.worlds import DEMO, World, count_of, events_of, remove_sandbox
 
 
 CHECKPOINTED = {"model": "demo", "checkpoint": True}
-SEGMENT_BREAKS = ("agent.restored", "bridge.cursor_reset", "bridge.session_changed")
 
 
 def assert_sound(events: list[dict]) -> None:
     """seq 1, 2, 3 … with no gap and no repeat; each bridge event (bseq) once
-    per bridge life: a restore or rebuild starts the bridge's numbering again
-    (a restored session file, or a new session), so bseqs are checked between
-    the facts that say so."""
+    per bridge life and with no gap (tests/bseqs.py): a restore or rebuild
+    starts the bridge's numbering again (a restored session file, or a new
+    session), and so do the facts that say so."""
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
-    segment: list[int] = []
-    for e in events + [{"type": "agent.restored", "data": {}}]:
-        if e["type"] in SEGMENT_BREAKS:
-            assert segment == sorted(set(segment)), f"a bridge event was journaled twice: {segment}"
-            segment = []
-        elif "bseq" in e["data"]:
-            segment.append(e["data"]["bseq"])
+    trouble = bseq_trouble(events)
+    assert not trouble, trouble
 
 
 def restored(events, rung: str | None = None) -> list[dict]:
@@ -188,6 +183,43 @@ def test_a_sandbox_removed_mid_turn_settles_the_turn_once(world):
     assert "one" in events_of(events, "tool.result")[-1]["data"]["output"]
     assert_sound(events)
     settled_once(events)
+
+
+def test_a_checkpoint_taken_mid_turn_is_restored_and_its_turn_settles_once(world):
+    """A checkpoint (on request) taken while a turn runs holds that turn as
+    the session's current one: after the sandbox is lost, the restored bridge
+    settles it itself (`bridge_restarted`), so the ladder must not settle it
+    too (`skip_turn`, sessions/worker/ladder.py) — the turn settles once, and
+    what the turn wrote before the checkpoint is in the new home."""
+    agent = world.spawn(CHECKPOINTED, "say: hello")
+    world.wait_for(agent, lambda evs: count_of(evs, "agent.checkpointed") >= 1, "a checkpoint")
+    world.send(agent, "prompt", "write mid.txt: before the checkpoint\nsleep: 30")
+    world.wait_for(agent, sleeping, "the sleep step")
+    assert world.post(f"/api/agents/{agent}/checkpoints", {}).status_code == 202
+    events = world.wait_for(agent, lambda evs: any(
+        e["type"] == "agent.checkpointed" and "command" in e["data"] for e in evs),
+        "the checkpoint taken mid-turn")
+    mid = [e["data"] for e in events_of(events, "agent.checkpointed") if "command" in e["data"]]
+    assert mid[0]["turn"] == 2 and unsettled(events) == [2]
+    remove_sandbox(world, sandbox_of(world, agent))
+    events = world.wait_for(agent, lambda evs: restored(evs) and not unsettled(evs),
+                            "the restore, and turn 2 settled")
+    assert [(r["data"]["rung"], r["data"]["checkpoint"]) for r in restored(events)] == [
+        ("restore", mid[0]["checkpoint"])]
+    world.send(agent, "prompt", "run: cat mid.txt")
+    events = world.wait_turns(agent, 2)  # turns 1 and 3 finish; 2 was interrupted
+    assert "before the checkpoint" in events_of(events, "tool.result")[-1]["data"]["output"]
+    interrupted = events_of(events, "turn.interrupted")
+    assert [(d["data"]["turn"], d["data"]["reason"]) for d in interrupted] == [
+        (2, "bridge_restarted")], interrupted
+    assert_sound(events)
+    settled_once(events)
+
+
+def unsettled(events) -> list[int]:
+    started = {e["data"]["turn"] for e in events_of(events, "turn.started")}
+    ended = {e["data"]["turn"] for e in events if e["type"] in ("turn.finished", "turn.interrupted")}
+    return sorted(started - ended)
 
 
 def test_a_killed_bridge_is_resumed_and_its_turn_settles_once(world):

@@ -9,11 +9,11 @@ import json
 import uuid
 
 from tests.integration.worlds import events_of, remove_sandbox
-from tests.unit.bridge.fake_models import SSE, FakeModelServer, openai_events
+from tests.unit.bridge.fake_models import FakeModelServer, openai_completion
 
 
 def _memory_call(call_id: str, args: dict) -> SSE:
-    return SSE(openai_events([], [(call_id, "memory", [json.dumps(args)])]))
+    return openai_completion([], [(call_id, "memory", [json.dumps(args)])])
 
 
 def test_memory_survives_the_loss_of_the_sandbox(world):
@@ -21,7 +21,7 @@ def test_memory_survives_the_loss_of_the_sandbox(world):
     with FakeModelServer() as fake:
         fake.script = [
             _memory_call("m1", {"op": "set", "key": "plan", "value": note}),
-            SSE(openai_events(["Saved."])),
+            openai_completion(["Saved."]),
         ]
         world.server.django(
             "from sessions.models import Workspace\nfrom sessions.credentials import set_secret\n"
@@ -38,7 +38,7 @@ def test_memory_survives_the_loss_of_the_sandbox(world):
 
         fake.script += [
             _memory_call("m2", {"op": "get", "key": "plan"}),
-            SSE(openai_events(["Recalled."])),
+            openai_completion(["Recalled."]),
         ]
         world.send(agent, "prompt", "what was the plan?")
         events = world.wait_turns(agent, 2)

@@ -164,3 +164,35 @@ def test_a_busy_port_fails_with_a_non_zero_exit(server, data_dir):
     )
     assert done.returncode != 0
     assert "cannot listen" in done.stderr
+
+
+READ_BACK = "database durability (read back): vendor=sqlite journal_mode=wal synchronous=FULL"
+_PRAGMAS = ("from django.db import connection\n"
+            "c = connection.cursor()\n"
+            "print('@@', [c.execute(f'PRAGMA {p}').fetchone()[0] "
+            "for p in ('journal_mode', 'synchronous', 'busy_timeout')])")
+
+
+def test_every_process_kind_reads_back_durable_sqlite_settings(server, data_dir):
+    """synchronous=FULL and WAL, read back from the connections themselves
+    (sessions/durability.py), not from the settings that ask for them: a kill -9
+    cannot show a lost fsync, so this is what catches FULL turned into NORMAL/OFF.
+    `serve` (web + worker) and `runworker` log what their connection says; a
+    management command's connection is read here directly."""
+    assert READ_BACK in server.log(), server.log()[-2000:]
+    with open(data_dir / "runworker.log", "w") as out:
+        worker = subprocess.Popen([sys.executable, "manage.py", "runworker"], cwd=ROOT,
+                                  env=manage_env(data_dir), stdout=out, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while "listening on" not in (data_dir / "runworker.log").read_text():
+            assert worker.poll() is None and time.monotonic() < deadline, (
+                (data_dir / "runworker.log").read_text())
+            time.sleep(0.1)
+        assert READ_BACK in (data_dir / "runworker.log").read_text()
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=STOP_TIMEOUT_S)
+    shell = manage(data_dir, "shell", "--no-startup", "-c", _PRAGMAS).stdout
+    assert "@@ ['wal', 2, 20000]" in shell, shell

@@ -250,9 +250,13 @@ def test_resume_after_server_restart(alineo_server_factory):
 # --- heartbeat -------------------------------------------------------------------------------
 
 def test_heartbeat_arrives_and_its_reread_delivers_without_wakeups(alineo_server_factory):
-    # The watcher polls once an hour here, so a commit by another process can
-    # only reach the stream through the heartbeat's safety re-read.
-    server = alineo_server_factory({"ALINEO_SSE_HEARTBEAT_S": "0.3"})
+    # The data_version watcher looks once at start and then once an hour here
+    # (ALINEO_DATA_VERSION_POLL_S), and the in-memory layer does not cross
+    # processes, so a commit by another process can only reach the stream
+    # through the heartbeat's safety re-read (sessions/api/tails.py): without
+    # that re-read, this event never arrives.
+    server = alineo_server_factory({"ALINEO_SSE_HEARTBEAT_S": "0.3",
+                                    "ALINEO_DATA_VERSION_POLL_S": "3600"})
     actor = server.create_actor("hana")
     agent = server.create_agent(actor)
     with SSEStream(stream_url(server, agent), actor.auth, WAIT) as stream:

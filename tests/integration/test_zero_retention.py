@@ -1,9 +1,11 @@
 """A zero-data-retention workspace: its agents run, but no checkpoint file or
-row is ever written, the listing is empty and there is nothing to fork from."""
+row is ever written, the listing is empty and there is nothing to fork from;
+when its sandbox is lost, the agent is rebuilt from the transcript (its
+conversation, not its disk) and says why."""
 
 from __future__ import annotations
 
-from tests.integration.worlds import events_of
+from tests.integration.worlds import assert_sound, events_of, remove_sandbox
 
 
 def test_zero_retention_writes_no_checkpoint(world):
@@ -25,6 +27,20 @@ def test_zero_retention_writes_no_checkpoint(world):
         assert world.get(f"/api/agents/{agent}/checkpoints")["checkpoints"] == []
         r = world.post(f"/api/agents/{agent}/fork", {"checkpoint": 1})
         assert r.status_code in (404, 409)
+
+        # The sandbox is lost: nothing to restore, so rung rebuild, with the reason.
+        old = world.get(f"/api/agents/{agent}")["sandbox_id"]
+        remove_sandbox(world, old)
+        world.send(agent, "prompt", "run: cat notes.txt || echo no-notes-here")
+        events = world.wait_turns(agent, 3)
+        rungs = [e["data"] for e in events_of(events, "agent.restored")]
+        assert [(r["rung"], r["reason"]) for r in rungs] == [("rebuild", "zero_data_retention")]
+        assert rungs[0]["old_sandbox_id"] == old != world.get(f"/api/agents/{agent}")["sandbox_id"]
+        seeded = events_of(events, "session.seeded")
+        assert seeded and seeded[-1]["data"]["turns"] == 2  # the conversation came back
+        assert "no-notes-here" in events_of(events, "tool.result")[-1]["data"]["output"]  # the disk did not
+        assert not events_of(events, "agent.checkpointed")
+        assert_sound(events)
     finally:
         world.server.django(
             "from sessions.models import Workspace\n"

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from sandboxes.backends import docker_engine_answers
+from tests.bseqs import bseq_trouble
 from tests.live import LiveServer
 
 RUN_ID = uuid.uuid4().hex[:10]
@@ -150,13 +151,13 @@ def events_of(events, etype: str) -> list[dict]:
 
 
 def assert_sound(events: list[dict]) -> None:
-    """seq 1, 2, 3 … with no gap and no repeat; each bridge event (bseq) once;
-    nothing our own bridge sent refused (sessions/worker/admission.py)."""
+    """seq 1, 2, 3 … with no gap and no repeat; each bridge event (bseq) once,
+    in order, with no gap (tests/bseqs.py); nothing our own bridge sent refused
+    (sessions/worker/admission.py)."""
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     refused = [e for e in events if e["type"] in ("bridge.refused", "bridge.event_refused")]
     assert not refused, f"the bridge's own events were refused: {refused}"
-    bseqs = [e["data"]["bseq"] for e in events if "bseq" in e["data"]]
-    assert len(bseqs) == len(set(bseqs)), f"a bridge event was journaled twice: {bseqs}"
-    assert bseqs == sorted(bseqs)
+    trouble = bseq_trouble(events)
+    assert not trouble, trouble
 
 

@@ -252,8 +252,8 @@ GARBAGE = {
     "state unknown": ("status", ok(**{**GOOD_STATUS, "state": "dancing"}), "state"),
     "head as text": ("status", ok(**{**GOOD_STATUS, "head": "3"}), "head"),
     "huge queue": ("status", ok(**{**GOOD_STATUS, "queued": [1] * (p.MAX_ITEMS + 1)}), "queued"),
-    "page from elsewhere": ("events", ok(events=[{**EV, "bseq": 7}], head=7, session_id="s"),
-                            "events[0].bseq"),
+    "page from the past": ("events", ok(events=[{**EV, "bseq": 2}], head=7, session_id="s"),
+                           "events[0].bseq"),
     "prompt without turn": ("prompt", ok(queued=False, position=0), "turn"),
     "ack as text": ("ack", ok(acked="all"), "acked"),
 }
@@ -263,7 +263,7 @@ async def call(client: BridgeClient, op: str):
     if op == "status":
         return await client.status()
     if op == "events":
-        return await client.events(0, wait=0)
+        return await client.events(3, wait=0)
     if op == "prompt":
         return await client.prompt("hi")
     return await client.ack(1)

@@ -211,7 +211,7 @@ def test_attach_cannot_prompt(srv):
     assert type(looked) is c.AttachedAgent
     for name in ("prompt", "steer", "follow", "take_checkpoint", "stop"):
         assert not hasattr(looked, name)
-    assert looked.sandbox == c.Sandbox("sb_1", "ag_1")
+    assert looked.sandbox == c.AgentSandbox("sb_1", "ag_1")
     assert [r["method"] for r in srv.requests] == ["GET"]  # looking touches nothing
 
 

@@ -147,6 +147,11 @@ def test_zero_data_retention_restores_nothing_it_still_holds(agent, tmp_path):
     assert (plan.rung, plan.reason) == ("rebuild", "zero_data_retention")
 
 
+def test_zero_data_retention_is_the_reason_also_when_no_checkpoint_was_ever_kept(agent):
+    plan = _plan(_info(agent, zero_retention=True))
+    assert (plan.rung, plan.reason) == ("rebuild", "zero_data_retention")
+
+
 def test_a_checkpoint_refused_as_unusable_says_so(agent, tmp_path):
     _checkpoint(agent, tmp_path, 1)
     plan = _plan(_info(agent), skip_checkpoints=True, reason="checkpoint_unusable")

@@ -1,7 +1,9 @@
 """The relay (sessions/worker/relay.py) against a real bridge process: each
 bridge event journaled once with the cursor; what a sandbox may not write
 (sessions/worker/admission.py) journaled as `bridge.refused`, never applied;
-bound secrets redacted, also when split across delta chunks."""
+bound secrets redacted, also when split across delta chunks; cursor trouble
+and numbering gaps journaled (`bridge.events_lost`, `bridge.cursor_reset`,
+`bridge.session_changed`), never a silent hole."""
 
 from __future__ import annotations
 
@@ -34,9 +36,9 @@ def bridge_of(agent, tmp_path):
     home.mkdir()
     made = []
 
-    def start(outbox: list[dict] | None = None) -> Bridge:
+    def start(outbox: list[dict] | None = None, **state) -> Bridge:
         if outbox is not None:
-            _plant(home, outbox)
+            _plant(home, outbox, **state)
         bridge = Bridge(str(run), str(home))
         bridge.write_config(model="demo")
         made.append(bridge.start())
@@ -47,23 +49,29 @@ def bridge_of(agent, tmp_path):
         bridge.stop()
 
 
-def _plant(home: Path, outbox: list[dict]) -> None:
+def _plant(home: Path, outbox: list[dict], acked: int = 0) -> None:
     """What an agent that can write its own home could leave in its session file."""
     session = {"version": 1, "session_id": "planted", "created_at": "2026-01-01T00:00:00+00:00",
-               "bseq": len(outbox), "acked": 0, "outbox": outbox, "messages": [], "turns": 0,
+               "bseq": max([e["bseq"] for e in outbox], default=acked), "acked": acked,
+               "outbox": outbox, "messages": [], "turns": 0,
                "queue": [], "current": None, "seen_commands": []}
     (home / ".alineo").mkdir()
     (home / ".alineo" / "session.json").write_text(json.dumps(session))
 
 
-def _relay_until(agent, head: int, secrets=()) -> list[tuple[str, dict]]:
+def _relay_until(agent, head: int, secrets=(), cursor: int = 0,
+                 session: str = "") -> list[tuple[str, dict]]:
+    """Relay from `cursor` in `session` (the agent row is set to them) until
+    the relay's cursor is `head`; the agent's facts."""
+    Agent.objects.filter(pk=agent.pk).update(bridge_cursor=cursor, bridge_session=session)
+
     async def run():
         link = BridgeLink(agent.id)
         assert await link.connect(10)
-        relay = Relay(agent.id, link, 0, "", secrets=secrets)
+        relay = Relay(agent.id, link, cursor, session, secrets=secrets)
         task = asyncio.create_task(relay.run())
         for _ in range(200):
-            if relay.cursor >= head:
+            if relay.cursor == head:
                 break
             await asyncio.sleep(0.05)
         task.cancel()
@@ -105,7 +113,7 @@ def test_a_secret_split_across_deltas_never_reaches_the_transcript(agent, bridge
               _event(4, "message.delta", {"turn": 1, "text": value[20:] + " and more"}),
               _event(5, "message.assistant", {"turn": 1, "text": "the token is " + value + " and more"})]
     bridge_of(deltas)
-    facts = _relay_until(agent, 5, secrets=(secret,))
+    facts = _relay_until(agent, 6, secrets=(secret,))  # the 5 planted and bridge.started
     stored = json.dumps([d for _, d in facts])
     for n in range(8, len(value) + 1):  # no 8-character piece of it anywhere
         assert not any(value[i:i + n] in stored for i in range(len(value) - n + 1))
@@ -113,3 +121,71 @@ def test_a_secret_split_across_deltas_never_reaches_the_transcript(agent, bridge
     assert "".join(texts).startswith("the token is ") and "[redacted:github] and more" in texts[-1]
     assert [d["text"] for t, d in facts if t == "message.assistant"] == [
         "the token is [redacted:github] and more"]
+
+
+def _delta(bseq: int, text: str = "x") -> dict:
+    return _event(bseq, "message.delta", {"turn": 1, "text": text})
+
+
+def _bseqs(facts) -> list:
+    return [(t, d.get("bseq")) if t != "bridge.events_lost" else (t, d["after"], d["through"])
+            for t, d in facts]
+
+
+def test_a_gap_in_the_bridges_numbering_is_journaled_as_events_lost(agent, bridge_of):
+    """A session file edited inside the sandbox can skip bseqs (our bridge
+    never does): each hole becomes `bridge.events_lost {after, through}` in
+    the same transaction as the event after it, and the cursor moves on."""
+    bridge_of([_delta(3), _delta(4), _delta(7)])
+    facts = _relay_until(agent, 8)
+    assert _bseqs(facts) == [("bridge.events_lost", 0, 2), ("message.delta", 3),
+                             ("message.delta", 4), ("bridge.events_lost", 4, 6),
+                             ("message.delta", 7), ("bridge.started", 8)]
+    lost = [d for t, d in facts if t == "bridge.events_lost"]
+    assert all(d["reason"] == "bseq_gap" and d["session_id"] == "planted" for d in lost)
+    assert Agent.objects.values_list("bridge_cursor", flat=True).get(pk=agent.pk) == 8
+
+
+def test_events_acked_by_someone_else_are_journaled_as_lost(agent, bridge_of):
+    """cursor_pruned: the bridge dropped events 1..2 that this agent never
+    journaled (acked by another client): the hole is on the record."""
+    bridge_of([_delta(3)], acked=2)
+    facts = _relay_until(agent, 4, session="planted")
+    assert _bseqs(facts) == [("bridge.events_lost", 0, 2), ("message.delta", 3),
+                             ("bridge.started", 4)]
+    assert [d["reason"] for t, d in facts if t == "bridge.events_lost"] == ["cursor_pruned"]
+
+
+def test_a_session_file_that_went_back_resets_the_cursor_to_its_head(agent, bridge_of):
+    """cursor_ahead in the same session (a restored checkpoint's session file
+    is behind the cursor): `bridge.cursor_reset` to the bridge's head, then
+    what comes after it, each once."""
+    bridge = bridge_of([_delta(1), _delta(2)])
+    head = bridge.client.ok("status")["head"]  # 3: the bridge's own bridge.started too
+    facts = _relay_until(agent, head, cursor=9, session="planted")
+    assert facts == [("bridge.cursor_reset", {"session_id": "planted", "from": 9, "to": head,
+                                              "reason": "cursor_ahead"})]
+    assert Agent.objects.values_list("bridge_cursor", flat=True).get(pk=agent.pk) == head
+
+
+def test_a_new_session_starts_the_cursor_over_and_says_so(agent, bridge_of):
+    """A rebuilt bridge counts from 1 in a new session: `bridge.session_changed`
+    and every event of the new session from bseq 1."""
+    bridge_of([_delta(1), _delta(2)])
+    facts = _relay_until(agent, 3, cursor=9, session="an-older-session")
+    assert facts[0] == ("bridge.session_changed", {"from": "an-older-session", "to": "planted",
+                                                   "cursor": 9, "reason": "session_changed"})
+    assert [d["bseq"] for t, d in facts[1:]] == [1, 2, 3]
+def test_a_turns_end_carries_the_usage_of_its_model_calls(agent, bridge_of):
+    from sessions import journal
+
+    call = {"status": "ok", "cost_usd": 0.5, "usage": {"input_tokens": 10, "output_tokens": 1}}
+    journal.append(agent.id, "model.call", {**call, "turn": 0})  # the turn before: not this one's
+    journal.append(agent.id, "turn.started", {"turn": 1, "command_id": "c-1"})
+    journal.append(agent.id, "model.call", {**call, "turn": 1})
+    journal.append(agent.id, "model.call", {**call, "turn": 1, "cost_usd": None})
+    bridge_of([_event(1, "turn.finished", {"turn": 1, "text": "ok"})])
+    facts = _relay_until(agent, 2)
+    [usage] = [d["usage"] for t, d in facts if t == "turn.finished"]
+    assert (usage["calls"], usage["input_tokens"], usage["output_tokens"]) == (2, 20, 2)
+    assert usage["cost_usd"] == 0.5 and usage["unpriced_calls"] == 1

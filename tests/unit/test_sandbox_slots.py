@@ -150,3 +150,16 @@ def test_an_idle_sandbox_makes_room_sooner_when_another_agent_waits(monkeypatch,
     settings.ALINEO_IDLE_UNLOAD_S = 0  # idle unload off: only to make room
     now[0] += MAKE_ROOM_S + 1
     assert not clock.due(8) and clock.due(8, make_room=True)
+
+
+@pytest.mark.django_db
+def test_sandbox_sessions_hold_slots_agents_wait_for(make, workspace, owner):
+    from sessions.models import SandboxSession
+
+    Workspace.objects.filter(pk=workspace.pk).update(max_sandboxes=1)
+    session = SandboxSession.objects.create(workspace=workspace, created_by=owner)
+    agent = make()
+    assert slots.in_use(workspace.pk) == 1
+    assert slots.claim(agent.id) is False  # the session's slot counts against the quota
+    SandboxSession.objects.filter(pk=session.pk).update(status="removed", sandbox_slot=False)
+    assert slots.claim(agent.id) is True

@@ -42,6 +42,11 @@ def test_the_defaults_load(tmp_path):
     ({"ALINEO_HTTPS": "sure"}, "ALINEO_HTTPS"),
     ({"ALINEO_HSTS_S": "3600"}, "ALINEO_HSTS_S"),  # HSTS without HTTPS
     ({"ALINEO_HTTPS": "1", "ALINEO_HSTS_S": "-1"}, "ALINEO_HSTS_S"),
+    ({"ALINEO_GATEWAY_MAX_BODY_MB": "0"}, "ALINEO_GATEWAY_MAX_BODY_MB"),
+    ({"ALINEO_GATEWAY_MAX_BODY_MB": "big"}, "ALINEO_GATEWAY_MAX_BODY_MB"),
+    ({"ALINEO_MODEL_PRICES": "cheap"}, "ALINEO_MODEL_PRICES"),
+    ({"ALINEO_MODEL_PRICES": '{"openai:x": {"input": -1}}'}, "ALINEO_MODEL_PRICES"),
+    ({"ALINEO_MODEL_PRICES": '{"openai:x": {"inputs": 1}}'}, "ALINEO_MODEL_PRICES"),
 ])
 def test_a_value_that_cannot_be_meant_stops_the_start_naming_its_variable(tmp_path, env, named):
     done = _load(tmp_path, **env)

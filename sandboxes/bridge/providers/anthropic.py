@@ -6,7 +6,7 @@ import json
 import os
 
 from ..cancel import CancelToken
-from .base import ModelError, OnDelta, Provider, StepRequest, StepResult, ToolCall
+from .base import ConnectionLost, ModelError, OnDelta, Provider, StepRequest, StepResult, ToolCall
 from .http import DEFAULT_TIMEOUT, SSEStream, parse_json, redact
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
@@ -29,7 +29,7 @@ class AnthropicProvider(Provider):
         try:
             return self._step(request, on_delta, cancel)
         except ModelError as exc:
-            raise ModelError(redact(str(exc), self.api_key)) from None
+            raise type(exc)(redact(str(exc), self.api_key)) from None  # keeps its kind
 
     def _step(self, request, on_delta, cancel) -> StepResult:
         headers = {"x-api-key": self.api_key, "anthropic-version": API_VERSION}
@@ -41,7 +41,7 @@ class AnthropicProvider(Provider):
             if acc.stopped:
                 break
         if not acc.stopped:
-            raise ModelError("model server closed the connection mid-stream")
+            raise ConnectionLost("model server closed the connection mid-stream")
         return acc.result()
 
     def _body(self, request: StepRequest) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -12,6 +13,15 @@ from ..cancel import CancelToken
 class ModelError(Exception):
     """The model call failed (HTTP error, garbage, timeout, stream cut short).
     The message is shown in the transcript: it never holds the API key."""
+
+
+class ConnectionLost(ModelError):
+    """The connection ended before a whole answer came (refused, reset, closed
+    mid-stream): through the gateway, the control plane went away."""
+
+
+class BudgetExceeded(ModelError):
+    """The gateway refused the call: the workspace's daily budget is spent."""
 
 
 @dataclass(frozen=True)
@@ -52,3 +62,37 @@ class Provider(abc.ABC):
 
     @abc.abstractmethod
     def step(self, request: StepRequest, on_delta: OnDelta, cancel: CancelToken) -> StepResult: ...
+
+
+class Resent(Provider):
+    """A model call through the gateway whose connection was cut before any of
+    its text arrived (the control plane died or restarted mid-call) is asked
+    again until ``wait_s`` passes: the forwarder waits for the new gateway, and
+    the gateway answers a call it had already journaled from its journal
+    (model.replayed), so only a call still in flight at the crash reaches the
+    upstream twice (docs/DURABILITY.md)."""
+
+    RETRY_S = 0.5
+
+    def __init__(self, inner: Provider, wait_s: float = 300.0):
+        self.inner = inner
+        self.label = inner.label
+        self.wait_s = wait_s
+
+    def step(self, request: StepRequest, on_delta: OnDelta, cancel: CancelToken) -> StepResult:
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            said: list[str] = []
+
+            def delta(text: str) -> None:
+                said.append(text)
+                on_delta(text)
+
+            try:
+                return self.inner.step(request, delta, cancel)
+            except ConnectionLost:
+                # Text already shown cannot be taken back: asking again would say it twice.
+                if said or time.monotonic() >= deadline:
+                    raise
+            cancel.wait(self.RETRY_S)
+            cancel.check()

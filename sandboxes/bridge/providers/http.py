@@ -10,7 +10,7 @@ import urllib.parse
 from typing import Iterator
 
 from ..cancel import CancelToken
-from .base import ModelError
+from .base import BudgetExceeded, ConnectionLost, ModelError
 
 #: Seconds a connect or a single read may take before the step fails.
 DEFAULT_TIMEOUT = 120.0
@@ -49,7 +49,9 @@ class SSEStream:
             raise
         except (OSError, http.client.HTTPException, ValueError) as exc:
             self.cancel.check()  # an abort closed the socket: not a model error
-            raise ModelError(self._describe(exc)) from None
+            lost = isinstance(exc, (ConnectionError, http.client.RemoteDisconnected,
+                                    http.client.IncompleteRead))
+            raise (ConnectionLost if lost else ModelError)(self._describe(exc)) from None
         finally:
             unregister()
             self._close()
@@ -67,7 +69,9 @@ class SSEStream:
         if resp.status >= 400:
             detail = resp.read(2000).decode("utf-8", "replace")
             message = f"model server answered HTTP {resp.status}: {_short(detail)}"
-            raise ModelError(redact(message, self.secret))
+            # The gateway's refusal (sessions/gateway/budget.py): the same in either API's shape.
+            refused = resp.status == 429 and "budget_exceeded" in detail
+            raise (BudgetExceeded if refused else ModelError)(redact(message, self.secret))
         ctype = resp.getheader("content-type") or ""
         if "event-stream" not in ctype:
             # Usually a proxy's login page or a server that ignored stream=true.

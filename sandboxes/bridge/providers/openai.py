@@ -11,7 +11,7 @@ import json
 import os
 
 from ..cancel import CancelToken
-from .base import ModelError, OnDelta, Provider, StepRequest, StepResult, ToolCall
+from .base import ConnectionLost, ModelError, OnDelta, Provider, StepRequest, StepResult, ToolCall
 from .http import DEFAULT_TIMEOUT, SSEStream, parse_json, redact
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -32,7 +32,7 @@ class OpenAIProvider(Provider):
         try:
             return self._step(request, on_delta, cancel)
         except ModelError as exc:
-            raise ModelError(redact(str(exc), self.api_key)) from None
+            raise type(exc)(redact(str(exc), self.api_key)) from None  # keeps its kind
 
     def _step(self, request, on_delta, cancel) -> StepResult:
         headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -45,7 +45,7 @@ class OpenAIProvider(Provider):
                 break
             acc.add(parse_json(data, "chat completion chunk"))
         if not (acc.done or acc.finish_reason):
-            raise ModelError("model server closed the connection mid-stream")
+            raise ConnectionLost("model server closed the connection mid-stream")
         return acc.result()
 
     def _body(self, request: StepRequest) -> dict:

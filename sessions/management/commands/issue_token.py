@@ -6,9 +6,13 @@ The token is shown once: only its SHA-256 is stored.
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 
 from sessions.models import ApiToken, Workspace
 
@@ -27,6 +31,13 @@ class Command(BaseCommand):
     def handle(self, *args, username, label, **options):
         if len(label) > LABEL_MAX:
             raise CommandError(f"--label is longer than {LABEL_MAX} characters.")
+        why = no_database()
+        if why:
+            if settings.DATA_DIR_MADE_NOW:  # made by this very command: take it back
+                shutil.rmtree(settings.DATA_DIR, ignore_errors=True)
+            raise CommandError(
+                f"{why}. ALINEO_DATA_DIR is {settings.DATA_DIR}: run this command with the "
+                "server's ALINEO_DATA_DIR (`make run` uses ./var), or run `make migrate` first.")
         user = get_user_model().objects.filter(username=username).first()
         if user is None:
             raise CommandError(f"No user named {username!r}. Create one with `manage.py createsuperuser`.")
@@ -40,3 +51,19 @@ class Command(BaseCommand):
                 self.stderr.write(f"{username} was in no workspace: added to '{workspace.name}'.")
             _, raw = ApiToken.issue(user, label=label)
         self.stdout.write(raw)
+
+
+def no_database() -> str | None:
+    """Why there is no migrated database to issue a token in, or None. Checked
+    before the first query, so a wrong data dir is a sentence, not a traceback
+    ("no such table: auth_user") — and SQLite is not asked to create a file."""
+    db = settings.DATABASES["default"]
+    if db["ENGINE"].endswith("sqlite3") and not Path(db["NAME"]).exists():
+        return f"No database at {db['NAME']}"
+    try:
+        tables = connection.introspection.table_names()
+    except DatabaseError as exc:
+        return f"The database cannot be read ({exc})"
+    if get_user_model()._meta.db_table not in tables:
+        return "The database has no tables yet (it was never migrated)"
+    return None

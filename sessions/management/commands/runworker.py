@@ -25,7 +25,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from sandboxes import config
-from sessions import leases, wakeups
+from sessions import durability, leases, wakeups
 from sessions.worker import supervisor
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ class Command(BaseCommand):
             raise CommandError("No CHANNEL_LAYERS configured.")
         channels = options["channels"] or [settings.ALINEO_WORKER_CHANNEL]
         self.check_migrations()
+        log.info("database durability (read back): %s", durability.check_default())
         config.data_dir().tighten()  # private, like `serve` makes it
         self.stdout.write(f"Alineo worker {leases.holder()} listening on {', '.join(channels)} "
                           "(SIGTERM or Ctrl-C stops it)\n")

@@ -32,7 +32,7 @@ from twisted.internet import reactor  # daphne.server installed the asyncio reac
 from daphne.server import twisted_loop
 
 from sandboxes import config
-from sessions import wakeups
+from sessions import durability, wakeups
 from sessions.worker import supervisor
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ class Command(BaseCommand):
         if not 0 <= port <= 65535:
             raise CommandError(f"--port {port} is not a TCP port.")
         self.check_migrations()  # warns, like runserver, when `migrate` was not run
+        log.info("database durability (read back): %s", durability.check_default())
         _private_data_dir()
         run(host, port, self.stdout, role=options["role"])
 

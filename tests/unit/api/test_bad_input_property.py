@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from sessions.models import Agent, ApiToken, Command, Event
+from sessions.models import Agent, ApiToken, Command, Event, SandboxSession, SandboxSessionEvent
 from sessions.specs import DEFAULTS
 
 pytestmark = pytest.mark.django_db
@@ -29,6 +29,7 @@ VERBS = ["prompt", "steer", "interrupt", "pause", "resume", "stop"]
 TAILS = ["", "/", "/events", "/checkpoints", "/fork", "/stream", "/events/"] + [
     f"/{v}" for v in VERBS
 ]
+SB_TAILS = ["", "/", "/exec", "/resume", "/remove", "/snapshots", "/events", "/stop"]
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 CONTENT_TYPES = [
     "application/json",
@@ -76,6 +77,8 @@ word = st.sampled_from(["say: hi", "run: ls", "", " ", "x" * 50])
 def requests(draw, ids, aimed=False):
     junk = quote(draw(st.text(max_size=12)), safe="")
     agent_id = draw(st.sampled_from(ids[:2] if aimed else [*ids * 3, "ag_missing", junk or "x"]))
+    sb_id = draw(st.sampled_from(ids[3:4] if aimed else [*ids[3:] * 3, "sb_0000000000000000",
+                                                        junk or "x"]))
     path = draw(
         st.one_of(
             st.sampled_from(
@@ -85,12 +88,15 @@ def requests(draw, ids, aimed=False):
             ),
             st.sampled_from(TAILS + [f"/{junk}"]).map(lambda tail: f"/api/agents/{agent_id}{tail}"),
             st.sampled_from(VERBS).map(lambda verb: f"/api/agents/{agent_id}/{verb}"),
+            st.sampled_from(["/api/sandboxes", "/api/sandboxes/"]),
+            st.sampled_from(SB_TAILS).map(lambda tail: f"/api/sandboxes/{sb_id}{tail}"),
         )
     )
     # Mostly the method the endpoint takes, so examples get past routing to the checks.
     usual = (
         "POST"
-        if re.search(r"/(agents/?|prompt|steer|interrupt|pause|resume|stop|fork)$", path)
+        if re.search(r"/(agents/?|sandboxes/?|prompt|steer|interrupt|pause|resume|stop|fork"
+                     r"|exec|remove|snapshots)$", path)
         else "GET"
     )
     method = usual if aimed else draw(st.sampled_from([usual] * 10 + METHODS))
@@ -114,6 +120,12 @@ def requests(draw, ids, aimed=False):
             "parent": st.sampled_from([*ids, "ag_missing", 3, None]),
             "reason": st.one_of(word, json_value),
             "at_event": json_value,
+            "argv": st.one_of(st.lists(st.sampled_from(["ls", "", "a\x00b", "x" * 9000]),
+                                       max_size=3), json_value),
+            "cwd": st.one_of(st.sampled_from(["sub", "", "/tmp", "a\x00"]), json_value),
+            "timeout": st.one_of(st.integers(-5, 5000), json_value),
+            "name": st.one_of(st.sampled_from(["deps", "../x", "a/b", "X", ""]), json_value),
+            "image": st.one_of(st.sampled_from(["default", "a b", ""]), json_value),
         },
     )
     as_json = plausible.map(lambda v: json.dumps(v).encode())
@@ -143,6 +155,8 @@ def scene(owner, teammate, outsider, owner_token, workspace, other_workspace):
     foreign = Agent.objects.create(
         workspace=other_workspace, created_by=outsider, spec=dict(DEFAULTS)
     )
+    sandboxes = [SandboxSession.objects.create(workspace=ws, created_by=who).pk
+                 for ws, who in ((workspace, owner), (other_workspace, outsider))]
     session = Client(enforce_csrf_checks=True)
     session.force_login(teammate)
     session.get("/accounts/login/")
@@ -156,11 +170,12 @@ def scene(owner, teammate, outsider, owner_token, workspace, other_workspace):
         "session": (session, {}),
         "session+csrf": (session, {"X-CSRFToken": session.cookies["csrftoken"].value}),
     }
-    return actors, [mine.id, child.id, foreign.id]
+    return actors, [mine.id, child.id, foreign.id, *sandboxes]
 
 
 def state():
-    return Agent.objects.count(), Event.objects.count(), Command.objects.count()
+    return (Agent.objects.count(), Event.objects.count(), Command.objects.count(),
+            SandboxSession.objects.count(), SandboxSessionEvent.objects.count())
 
 
 def check_one(client, headers, request, seen):
@@ -189,6 +204,8 @@ def check_one(client, headers, request, seen):
             assert state() == before, (status, method, path, body[:200])
         for agent in Agent.objects.all():  # no partial write: the head is the transcript's length
             assert agent.last_seq == Event.objects.filter(agent=agent).count()
+        for row in SandboxSession.objects.all():
+            assert row.last_seq == SandboxSessionEvent.objects.filter(session=row).count()
         transaction.set_rollback(True)  # the next example starts from the same scene
 
 

@@ -34,6 +34,21 @@ def openai_events(text_chunks=(), tool_calls=()) -> list[str]:
     return out
 
 
+def openai_completion(text_chunks=(), tool_calls=()) -> "Raw":
+    """The same answer as openai_events, as one (non-streaming) completion:
+    what the model gateway, which calls upstreams without streaming, reads."""
+    message = {"role": "assistant", "content": "".join(text_chunks) or None}
+    if tool_calls:
+        message["tool_calls"] = [{"id": call_id, "type": "function",
+                                  "function": {"name": name, "arguments": "".join(pieces)}}
+                                 for call_id, name, pieces in tool_calls]
+    return Raw(200, json.dumps({
+        "id": "chatcmpl-1", "object": "chat.completion", "model": "fake",
+        "choices": [{"index": 0, "message": message,
+                     "finish_reason": "tool_calls" if tool_calls else "stop"}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 5}}).encode())
+
+
 # --- Anthropic messages ---------------------------------------------------------------
 def anthropic_events(text_chunks=(), tool_uses=()) -> list[tuple[str, str]]:
     ev = [("message_start", {"type": "message_start", "message": {
@@ -105,9 +120,30 @@ class Hang:
         time.sleep(self.seconds)
 
 
+class Gate:
+    """Hold the answer until ``open`` is called (a model still thinking), then
+    send ``then``; an answer to a connection that died meanwhile goes nowhere."""
+
+    def __init__(self, then: "Raw"):
+        self.then = then
+        self.opened = threading.Event()
+
+    def open(self) -> None:
+        self.opened.set()
+
+    def send(self, handler: BaseHTTPRequestHandler) -> None:
+        self.opened.wait(120)
+        try:
+            self.then.send(handler)
+        except OSError:
+            pass
+
+
 class FakeModelServer:
     def __init__(self) -> None:
         self.script: list = []
+        #: Or: answer each request by what it asks (request -> a response), not in order.
+        self.respond = None
         self.requests: list[dict] = []
         self._lock = threading.Lock()
         server = self
@@ -119,7 +155,8 @@ class FakeModelServer:
                     headers = {k.lower(): v for k, v in self.headers.items()}
                     server.requests.append({"path": self.path, "headers": headers,
                                             "body": json.loads(body)})
-                    response = (server.script.pop(0) if server.script
+                    response = (server.respond(server.requests[-1]) if server.respond
+                                else server.script.pop(0) if server.script
                                 else Raw(500, b'{"error":"no script"}'))
                 response.send(self)
 

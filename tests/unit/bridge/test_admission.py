@@ -4,6 +4,8 @@ passes, and what a sandbox could forge does not."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sessions.worker import admission
@@ -20,18 +22,25 @@ def _all_admitted(events: list[dict]) -> None:
 
 def test_every_kind_of_event_a_bridge_emits_is_admitted(make_bridge):
     hooks = {"session_start": "echo hi", "pre_tool_use": "true", "stop": "echo bye"}
-    client = make_bridge(config={"model": "demo", "hooks": hooks}).client
+    bridge = make_bridge(config={"model": "demo", "hooks": hooks})
+    client = bridge.client
     events = client.run_turn("run: echo one\nwrite a.txt: two\nread: a.txt\nsay: " + "x" * 2500)
     client.ok("prompt", text="spawn: a child")
     asked = client.wait_type("request.spawn", after=events[-1]["bseq"])
     client.ok("reply", request_id=asked[-1]["data"]["request_id"], result={"agent_id": "c"})
     events += asked + client.wait_type("turn.finished", after=asked[-1]["bseq"])
-    client.ok("prompt", text="sleep: 2")
+    # A tool that runs until the test says so: the steer and the pause land
+    # while it runs however loaded the machine is (a `sleep: 2` did not always).
+    client.ok("prompt", text="run: while [ ! -e go ]; do sleep 0.05; done")
     events += client.wait_type("tool.dispatched", after=events[-1]["bseq"])
     client.ok("steer", text="steer it")
     client.ok("pause")
+    Path(bridge.home, "go").touch()
     events += client.wait_type("turn.held", after=events[-1]["bseq"])
     client.ok("unpause")
+    events += client.wait_type("turn.finished", after=events[-1]["bseq"])
+    client.ok("prompt", text="run: while [ ! -e never ]; do sleep 0.05; done")
+    events += client.wait_type("tool.dispatched", after=events[-1]["bseq"])
     client.ok("steer", text="never delivered")
     client.ok("abort")
     events += client.wait_type("turn.interrupted", after=events[-1]["bseq"])

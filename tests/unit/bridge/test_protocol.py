@@ -165,8 +165,8 @@ for _ in range(p.MAX_DEPTH + 1):
     ("events.0", "turn.started", "events[0]"),
     ("events.0.bseq", 0, "events[0].bseq"),
     ("events.0.bseq", "5", "events[0].bseq"),
-    ("events.1.bseq", 8, "events[1].bseq"),      # a gap
     ("events.1.bseq", 5, "events[1].bseq"),      # a repeat
+    ("events.1.bseq", 4, "events[1].bseq"),      # a step back
     ("head", 5, "head"),                          # below the last event
     ("session_id", 5, "session_id"),
 ])
@@ -200,10 +200,19 @@ def test_an_event_that_breaks_a_rule_is_refused_in_its_place(dotted, value, fiel
     assert kept == p.BridgeEvent.from_wire(PAGE["events"][1])
 
 
+def test_a_gap_in_a_page_is_let_through_for_the_relay_to_journal():
+    """A session file edited inside the sandbox can skip numbers: not a broken
+    page (the link would break on it forever) but a loss the relay journals
+    as `bridge.events_lost` (tests/unit/test_relay.py)."""
+    page = p.EventsPage.from_wire(changed(changed(PAGE, "events.1.bseq", 8), "head", 8))
+    assert [e.bseq for e in page.events] == [5, 8]
+    page.check_answers(p.EventsRequest(after=2, limit=2))  # starts above the cursor: a gap too
+
+
 def test_a_page_must_answer_its_request():
     page = p.EventsPage.from_wire(PAGE)
     page.check_answers(p.EventsRequest(after=4, limit=2))
-    for ask, field in [(p.EventsRequest(after=3), "events[0].bseq"),
+    for ask, field in [(p.EventsRequest(after=5), "events[0].bseq"),
                        (p.EventsRequest(after=4, limit=1), "events"),
                        (p.EventsRequest(after=9), "head")]:
         with pytest.raises(p.ProtocolError) as err:

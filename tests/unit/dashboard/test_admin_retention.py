@@ -1,5 +1,5 @@
 import pytest
-from django.utils import timezone
+from django.utils import formats, timezone
 
 from sessions.admin import QUOTA_FIELDS
 from sessions.models import Checkpoint, Event, Workspace
@@ -104,3 +104,20 @@ def test_non_staff_cannot_reach_admin(client, owner, workspace):
     client.force_login(owner)
     response = client.get(f"/admin/agent_sessions/workspace/{workspace.pk}/change/")
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+def test_the_checkpoint_list_shows_expiry_under_the_policy(admin_client, agent):
+    now = timezone.now()
+    cp = Checkpoint.objects.create(agent=agent, sandbox_id="sb-1", turn=1, through_seq=0,
+                                   bytes=10, expires_at=now + timezone.timedelta(days=29))
+    Checkpoint.objects.filter(pk=cp.pk).update(created_at=now - timezone.timedelta(days=10))
+    agent.workspace.checkpoint_max_age_days = 7
+    agent.workspace.save()
+    cp.refresh_from_db()
+    listing = admin_client.get("/admin/agent_sessions/checkpoint/").content.decode()
+    shown = [formats.localize(timezone.localtime(when)) for when in
+             (cp.created_at + timezone.timedelta(days=7), cp.expires_at)]
+    assert shown[0] in listing and shown[1] not in listing  # the policy's date, not the row's
+    expired = admin_client.get("/admin/agent_sessions/checkpoint/?expired=yes").content.decode()
+    live = admin_client.get("/admin/agent_sessions/checkpoint/?expired=no").content.decode()
+    assert f'value="{cp.pk}"' in expired and f'value="{cp.pk}"' not in live

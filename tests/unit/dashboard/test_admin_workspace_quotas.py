@@ -23,20 +23,20 @@ def admin_client(client, django_user_model):
     return client
 
 
-def _url(ws) -> str:
+def change_url(ws) -> str:
     return f"/admin/agent_sessions/workspace/{ws.pk}/change/"
 
 
-def _post(client, ws, **changes):
+def post_change(client, ws, **changes):
     data = {"name": ws.name, "members": [u.pk for u in ws.members.all()],
             "checkpoint_max_age_days": ws.checkpoint_max_age_days,
             "keep_newest_checkpoints": ws.keep_newest_checkpoints, **quota_fields(ws), **changes}
-    return client.post(_url(ws), data)
+    return client.post(change_url(ws), data)
 
 
 def test_the_page_shows_every_quota_with_its_defaults_and_what_is_in_use(admin_client, workspace,
                                                                          agent):
-    html = admin_client.get(_url(workspace)).content.decode()
+    html = admin_client.get(change_url(workspace)).content.decode()
     assert "Quotas" in html
     for name in QUOTA_FIELDS:
         assert f'name="{name}"' in html, name
@@ -46,12 +46,12 @@ def test_the_page_shows_every_quota_with_its_defaults_and_what_is_in_use(admin_c
 
 def test_a_raised_quota_is_saved_and_holds_for_the_next_spawn(admin_client, workspace, owner_token):
     api = Caller(owner_token)
-    assert _post(admin_client, workspace, max_agents=1, max_memory_mb=1024).status_code == 302
+    assert post_change(admin_client, workspace, max_agents=1, max_memory_mb=1024).status_code == 302
     workspace.refresh_from_db()
     assert (workspace.max_agents, workspace.max_memory_mb) == (1, 1024)
     assert api.post("/api/agents", {"spec": {"model": "demo"}}).status_code == 201
     assert_error(api.post("/api/agents", {"spec": {"model": "demo"}}), 429, "quota.agents")
-    assert _post(admin_client, workspace, max_agents=5).status_code == 302
+    assert post_change(admin_client, workspace, max_agents=5).status_code == 302
     assert api.post("/api/agents", {"spec": {"model": "demo"}}).status_code == 201
 
 
@@ -63,22 +63,22 @@ def test_a_raised_quota_is_saved_and_holds_for_the_next_spawn(admin_client, work
 def test_a_quota_out_of_bounds_is_refused_and_nothing_changes(admin_client, workspace, field,
                                                               value):
     before = quota_fields(Workspace.objects.get(pk=workspace.pk))
-    response = _post(admin_client, workspace, **{field: value})
+    response = post_change(admin_client, workspace, **{field: value})
     assert response.status_code == 200  # the form again, with the error
     assert "errorlist" in response.content.decode()
     assert quota_fields(Workspace.objects.get(pk=workspace.pk)) == before
 
 
 def test_anonymous_is_sent_to_the_admin_login(client, workspace):
-    response = client.get(_url(workspace))
+    response = client.get(change_url(workspace))
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
-    assert client.post(_url(workspace), {"max_agents": 1000}).status_code == 302
+    assert client.post(change_url(workspace), {"max_agents": 1000}).status_code == 302
     assert Workspace.objects.get(pk=workspace.pk).max_agents == 32
 
 
 def test_a_member_who_is_not_staff_cannot_edit(client, owner, workspace):
     client.force_login(owner)
-    response = client.post(_url(workspace), {"name": workspace.name, "max_agents": 1000})
+    response = client.post(change_url(workspace), {"name": workspace.name, "max_agents": 1000})
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
     assert Workspace.objects.get(pk=workspace.pk).max_agents == 32
 
@@ -88,8 +88,8 @@ def test_staff_without_the_change_permission_is_a_403(client, teammate, workspac
     teammate.save()
     teammate.user_permissions.add(Permission.objects.get(codename="view_workspace"))
     client.force_login(teammate)
-    assert client.get(_url(workspace)).status_code == 200  # may look
-    response = client.post(_url(workspace), {"name": workspace.name, **quota_fields(workspace),
+    assert client.get(change_url(workspace)).status_code == 200  # may look
+    response = client.post(change_url(workspace), {"name": workspace.name, **quota_fields(workspace),
                                              "max_agents": 1000})
     assert response.status_code == 403
     assert Workspace.objects.get(pk=workspace.pk).max_agents == 32

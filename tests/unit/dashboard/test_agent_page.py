@@ -40,9 +40,11 @@ def test_long_tool_output_is_collapsed_and_short_one_shown(logged_in, make_agent
         ("tool.result", {"tool_call_id": "tc2", "output": "short", "exit_code": 2}),
     ])
     html = logged_in.get(f"/agents/{agent.id}/").content.decode()
-    assert '<details class="raw"><summary>output (800 characters)' in html
+    assert '<details class="raw"><summary>output · 800 B, 401 lines' in html
+    assert "data-copy>Copy</button>" in html
     assert '<pre class="raw" aria-label="input">' in html and "&quot;cmd&quot;: &quot;ls&quot;" in html
     assert "exit 2" in html and 'class="row kind-tool failed"' in html
+    assert 'data-call="tc1"' in html and 'data-result-of="tc1"' in html
 
 
 def test_side_panel_shows_restores_and_checkpoints(logged_in, make_agent):
@@ -89,3 +91,22 @@ def test_the_head_names_the_worker_driving_the_agent_and_the_engine(logged_in, m
     lease.expires_at = now - timedelta(seconds=1)  # an expired lease drives nothing
     lease.save()
     assert "driven by" not in logged_in.get(f"/agents/{agent.id}/").content.decode()
+
+
+def test_side_panel_expiry_follows_a_shortened_policy(logged_in, make_agent):
+    """The policy was shortened to 7 days after a checkpoint was taken with 30:
+    the panel says what the API says (in 6 d), and one past the new policy is
+    not offered as live at all."""
+    agent = make_agent(facts=[("agent.spawned", {"spec": {"model": "demo"}})])
+    now = timezone.now()
+    fresh = Checkpoint.objects.create(agent=agent, sandbox_id="sb-1", turn=4, through_seq=1,
+                                      bytes=1000, expires_at=now + timezone.timedelta(days=30))
+    Checkpoint.objects.filter(pk=fresh.pk).update(created_at=now - timezone.timedelta(days=1))
+    old = Checkpoint.objects.create(agent=agent, sandbox_id="sb-1", turn=2, through_seq=1,
+                                    bytes=1000, expires_at=now + timezone.timedelta(days=20))
+    Checkpoint.objects.filter(pk=old.pk).update(created_at=now - timezone.timedelta(days=10))
+    agent.workspace.checkpoint_max_age_days = 7
+    agent.workspace.save()
+    html = logged_in.get(f"/agents/{agent.id}/").content.decode()
+    assert "<td>4</td>" in html and "in 5 d" in html and "in 29 d" not in html
+    assert "<td>2</td>" not in html  # past the new policy: no longer a checkpoint to count on

@@ -21,11 +21,14 @@ from hypothesis import HealthCheck, example, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from sessions.models import Agent, Command, Event
+from sessions import sbjournal
+from sessions.models import Agent, Command, Event, SandboxSession
 
 pytestmark = pytest.mark.django_db
 
 VERBS = ["prompt", "steer", "interrupt", "pause", "resume", "stop"]
+MY_SB, FOREIGN_SB = "sb_" + "1" * 16, "sb_" + "2" * 16  # the scene's sandbox sessions
+SANDBOX_PAGES = [f"/sandboxes/{MY_SB}/", f"/sandboxes/{FOREIGN_SB}/"]
 GET_TAILS = ["/", "/live", "/rows", "/rows/", "/prompt"]
 # Digits no client means: superscript two, Arabic-Indic three, fullwidth one,
 # mathematical bold one, Devanagari five; and numbers past every limit.
@@ -80,7 +83,8 @@ def get_requests(draw, ids):
     junk = quote(draw(st.text(max_size=8)), safe="") or "x"
     agent_id = draw(st.sampled_from([*ids[:2] * 4, ids[2], "ag_missing", junk]))
     path = draw(st.one_of(
-        st.sampled_from(["/", "/tree", "/agents/new", "/accounts/login/", "/agents/", "/nope"]),
+        st.sampled_from(["/", "/tree", "/agents/new", "/accounts/login/", "/agents/", "/nope",
+                         "/sandboxes/", "/sandboxes/sb_0000000000000000/", *SANDBOX_PAGES]),
         st.sampled_from(GET_TAILS).map(lambda tail: f"/agents/{agent_id}{tail}"),
         st.just(f"/agents/{agent_id}/rows"),
     ))
@@ -98,11 +102,12 @@ def post_requests(draw, ids):
     path = draw(st.one_of(
         st.just("/agents/new"),
         st.just("/accounts/login/"),
-        st.sampled_from(VERBS + ["fork", "reattach"]).map(lambda v: f"/agents/{agent_id}/{v}"),
+        st.sampled_from(VERBS + ["fork", "approve", "reattach"]).map(lambda v: f"/agents/{agent_id}/{v}"),
     ))
     fields = draw(st.dictionaries(
         st.sampled_from(["example", "spec", "prompt", "parent", "text", "idempotency_key",
-                         "compact", "next", "username", "password", "junk"]),
+                         "compact", "next", "username", "password", "junk", "checkpoint",
+                         "at_event", "name", "reason"]),
         st.one_of(hostile_text, st.sampled_from(["demo", "demo-checkpoint", "say: hi", *ids])),
         max_size=5,
     ))
@@ -126,6 +131,9 @@ def scene(owner, teammate, outsider, workspace, other_workspace, make_agent):
     mine = make_agent(facts=[("operator.note", {"text": f"n{i}"}) for i in range(1, 30)])
     child = make_agent(parent=mine)
     foreign = make_agent(ws=other_workspace)
+    for pk, ws, who in ((MY_SB, workspace, owner), (FOREIGN_SB, other_workspace, outsider)):
+        SandboxSession.objects.create(pk=pk, workspace=ws, created_by=who)
+        sbjournal.append(pk, "exec.finished", {"argv": ["ls"], "exit_code": 0})
 
     def browser(user=None):
         client = Client(enforce_csrf_checks=True)

@@ -45,7 +45,7 @@ def test_last_restore_rung_is_shown(logged_in, make_agent):
         ("agent.spawned", {"spec": {"model": "demo"}}),
         ("agent.restored", {"rung": "resume", "reason": "bridge restarted"}),
     ])
-    assert "restored: resume" in logged_in.get("/").content.decode()
+    assert "resumed its session" in logged_in.get("/").content.decode()
 
 
 def test_outsider_does_not_see_other_workspaces(client, outsider, make_agent):

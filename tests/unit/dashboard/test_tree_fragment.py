@@ -36,3 +36,13 @@ def test_outsider_fragment_shows_nothing_of_others(client, outsider, make_agent)
     agent = make_agent()
     client.force_login(outsider)
     assert agent.id not in client.get("/tree").content.decode()
+
+
+def test_the_page_draws_each_workspace_with_its_cursor_and_does_not_poll(logged_in, make_agent):
+    agents = [make_agent() for _ in range(2)]
+    journal.append(agents[0].id, "turn.started", {})
+    html = logged_in.get("/").content.decode()
+    seq = sum(a.last_seq for a in type(agents[0]).objects.filter(pk__in=[a.id for a in agents]))
+    assert f'data-cursor="{seq}"' in html and seq > 0
+    assert 'data-stream-url="/api/workspaces/acme/stream"' in html
+    assert "every 2s" not in html.split('id="tree"')[1]  # live over SSE, not polled
