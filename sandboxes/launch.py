@@ -181,7 +181,7 @@ def _create(backend: SandboxBackend, launch: Launch, *, seed: dict | None = None
     recorded are removed first. ``seed`` is written to the run dir and passed
     as ``--seed``; a bridge that finds a session file ignores it, so restarts
     never seed twice. ``host_home``: ask the backend for a host-dir home
-    (:meth:`SandboxBackend.host_home`); when it gives one, the bridge waits
+    (:meth:`SandboxBackend.new_host_home`); when it gives one, the bridge waits
     for :meth:`SandboxBackend.seal_home` before it reads it (the second
     value returned says so)."""
     for old in backend.list({LABEL_AGENT: launch.agent_id}):
@@ -205,7 +205,7 @@ def _create(backend: SandboxBackend, launch: Launch, *, seed: dict | None = None
         image = layered
     home = {}
     if host_home:
-        home_dir = backend.host_home(launch.agent_id, image)
+        home_dir = backend.new_host_home(launch.agent_id, image)
         if home_dir is not None:
             home, command = {"home_dir": home_dir}, command + ["--wait-home"]
     sid = backend.create(launch.agent_id, image, run_dir=str(run_dir_for(launch.agent_id)),

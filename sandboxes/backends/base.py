@@ -224,7 +224,7 @@ class SandboxBackend(abc.ABC):
     def share_run_dir(self, run_dir: Path) -> None:
         """Make ``run_dir`` usable by the sandbox's processes (before create)."""
 
-    def host_home(self, agent_id: str, image: str) -> str | None:
+    def new_host_home(self, agent_id: str, image: str) -> str | None:
         """A fresh host directory, holding what ``image`` has in its home, to
         give :meth:`create` as ``home_dir`` for a sandbox whose home is written
         before its bridge starts (a restore, a fork: issue 17), or None when

@@ -194,7 +194,7 @@ class DockerBackend(HostHomes, SandboxBackend):
         binds: Mapping[str, str] | None = None,
         home_dir: str | None = None,
     ) -> str:
-        """As the base class says; ``home_dir`` (from :meth:`host_home`) is
+        """As the base class says; ``home_dir`` (from :meth:`new_host_home`) is
         bind-mounted as the home, writable, and written from the host until
         :meth:`seal_home`."""
         validate_create_args(agent_id, image, network)

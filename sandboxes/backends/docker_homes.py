@@ -16,7 +16,7 @@ from sandboxes.errors import SandboxError
 
 
 class HostHomes:
-    def host_home(self, agent_id: str, image: str) -> str | None:
+    def new_host_home(self, agent_id: str, image: str) -> str | None:
         """A fresh host directory for ``agent_id``'s home, holding what
         ``image`` has in its home, when this control plane can write it at the
         disk's speed (root on the engine's own host, no user-namespace remap,

@@ -128,7 +128,7 @@ def test_the_bridge_waits_for_the_seal(docker_sandboxes, tmp_path):
     b = docker_sandboxes.backend
     agent = f"hh-{uuid.uuid4().hex[:8]}"
     # build_fresh seals at its end; here the same steps, with a look before the seal.
-    home = b.host_home(agent, docker_sandboxes.image)
+    home = b.new_host_home(agent, docker_sandboxes.image)
     run = launch.run_dir_for(agent)
     command = launch.prepare_run_dir(b, launch.Launch(agent, {"model": "demo"}), None)
     sid = docker_sandboxes.create(agent, run_dir=str(run), command=command + ["--wait-home"],
