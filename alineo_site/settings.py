@@ -345,7 +345,9 @@ ALINEO_SANDBOX_LABELS = envlabels("ALINEO_SANDBOX_LABELS")
 # The Docker engine (docker-py reads it too); "" is the engine's default socket.
 DOCKER_HOST = envstr("DOCKER_HOST")
 # A root control plane on the engine's machine tars a container's home from the
-# host side (sandboxes/backends/docker.py); 0 always execs tar in the container.
+# host side and writes a restored checkpoint into a new container's writable
+# layer from the host side (sandboxes/backends/overlay.py); 0 always execs tar in
+# the container and restores through the engine's put_archive.
 ALINEO_DOCKER_HOST_TAR = envbool("ALINEO_DOCKER_HOST_TAR", True)
 # The Debian mirror the base image is built from (default: this machine's apt sources).
 ALINEO_DEBIAN_MIRROR = envstr("ALINEO_DEBIAN_MIRROR").rstrip("/")

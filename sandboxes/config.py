@@ -8,6 +8,8 @@ The data dir's layout is spelled out here and nowhere else::
     <DATA_DIR>/inputs/<agent>/       wait-for inputs, written again into every fresh sandbox
     <DATA_DIR>/checkpoints/<agent>/  turn checkpoints (<sandbox>-turn-<n>.tar.zst)
     <DATA_DIR>/sandboxes/            the local backend's sandboxes and snapshots
+    <DATA_DIR>/homes/<agent>/        docker: a restored or forked agent's home, bind-mounted
+                                     at /root (sandboxes/backends/hosthome.py)
     <DATA_DIR>/sandbox-sessions/     journals of sandbox sessions (sandboxes/snapshots.py)
     <DATA_DIR>/locks/                file locks of setup snapshot builds
 """
@@ -45,6 +47,10 @@ class DataDir:
     @property
     def sandboxes(self) -> Path:
         return self.root / "sandboxes"
+
+    @property
+    def homes(self) -> Path:
+        return self.root / "homes"
 
     @property
     def sandbox_sessions(self) -> Path:
@@ -119,8 +125,9 @@ def docker_host() -> str:
 
 
 def docker_host_tar() -> bool:
-    """ALINEO_DOCKER_HOST_TAR: may a root control plane tar a container's home
-    from the host side (sandboxes/backends/docker.py explains the fast path)."""
+    """ALINEO_DOCKER_HOST_TAR: may a root control plane tar a container's home,
+    and write a checkpoint into a never-started container, from the host side
+    (sandboxes/backends/overlay.py explains both fast paths)."""
     return _settings().ALINEO_DOCKER_HOST_TAR
 
 

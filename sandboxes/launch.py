@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,11 +167,23 @@ def prepare_run_dir(backend: SandboxBackend, launch: Launch, seed: dict | None,
 def create_sandbox(backend: SandboxBackend, launch: Launch, *, seed: dict | None = None,
                    labels: dict | None = None, start: bool = True) -> str:
     """Create (and start, unless ``start=False``) a sandbox whose command is the
-    bridge, from the spec's setup snapshot (or its image when it needs no
-    setup). Orphans of an earlier attempt that crashed before its sandbox was
+    bridge: see :func:`_create`."""
+    sid, _ = _create(backend, launch, seed=seed, labels=labels)
+    if start:
+        _start_or_remove(backend, sid)
+    return sid
+
+
+def _create(backend: SandboxBackend, launch: Launch, *, seed: dict | None = None,
+            labels: dict | None = None, host_home: bool = False) -> tuple[str, bool]:
+    """Create a sandbox whose command is the bridge, from the spec's setup
+    snapshot (or its image when it needs no setup). Orphans of an earlier attempt that crashed before its sandbox was
     recorded are removed first. ``seed`` is written to the run dir and passed
     as ``--seed``; a bridge that finds a session file ignores it, so restarts
-    never seed twice."""
+    never seed twice. ``host_home``: ask the backend for a host-dir home
+    (:meth:`SandboxBackend.new_host_home`); when it gives one, the bridge waits
+    for :meth:`SandboxBackend.seal_home` before it reads it (the second
+    value returned says so)."""
     for old in backend.list({LABEL_AGENT: launch.agent_id}):
         backend.remove(old.id)
     # Installed once per machine (cached by its inputs' hash), before the
@@ -190,12 +203,15 @@ def create_sandbox(backend: SandboxBackend, launch: Launch, *, seed: dict | None
         # In the image (docker), or bound read-only from the host (local).
         binds = {str(harness.host_dir): harnesses.HARNESS_DIR} if layered == image else None
         image = layered
+    home = {}
+    if host_home:
+        home_dir = backend.new_host_home(launch.agent_id, image)
+        if home_dir is not None:
+            home, command = {"home_dir": home_dir}, command + ["--wait-home"]
     sid = backend.create(launch.agent_id, image, run_dir=str(run_dir_for(launch.agent_id)),
                          limits=spec.get("limits"), network=spec.get("network") or "none",
-                         env=env, labels=all_labels, command=command, binds=binds)
-    if start:
-        _start_or_remove(backend, sid)
-    return sid
+                         env=env, labels=all_labels, command=command, binds=binds, **home)
+    return sid, bool(home)
 
 
 def _start_or_remove(backend: SandboxBackend, sid: str) -> None:
@@ -209,12 +225,29 @@ def _start_or_remove(backend: SandboxBackend, sid: str) -> None:
 def build_fresh(backend: SandboxBackend, launch: Launch, fresh: Fresh) -> str:
     """A fresh sandbox for the restore ladder (restore, rebuild) or a fork:
     created, the checkpoint extracted safely into its home (CheckpointUnusable
-    when it cannot be), started. Removed again on any failure."""
-    sid = create_sandbox(backend, launch, seed=fresh.seed, labels=fresh.labels, start=False)
+    when it cannot be), started. Removed again on any failure.
+
+    With a host-dir home (the docker backend as root, issue 17) the sandbox
+    is started while the checkpoint is extracted: its bridge waits for the
+    seal, so nothing in the sandbox runs before its home is complete."""
+    sid, waits = _create(backend, launch, seed=fresh.seed, labels=fresh.labels,
+                         host_home=bool(fresh.checkpoint))
     try:
-        if fresh.checkpoint:
-            _restore_into(backend, sid, fresh)
-        backend.start(sid)
+        if not fresh.checkpoint:
+            backend.start(sid)
+            return sid
+        with ThreadPoolExecutor(1, thread_name_prefix="start") as pool:
+            starting = pool.submit(backend.start, sid) if waits else None
+            try:
+                _restore_into(backend, sid, fresh)
+            finally:
+                if starting is not None:
+                    starting.exception()  # never leave the start running on a failure
+            if starting is None:
+                backend.start(sid)
+            else:
+                starting.result()
+                backend.seal_home(sid, str(run_dir_for(launch.agent_id)))
     except BaseException:
         backend.remove(sid)
         raise
@@ -222,13 +255,18 @@ def build_fresh(backend: SandboxBackend, launch: Launch, fresh: Fresh) -> str:
 
 
 def _restore_into(backend: SandboxBackend, sid: str, fresh: Fresh) -> None:
-    try:
-        archive.restore_checkpoint(backend, sid, fresh.checkpoint)
-        session = archive.session_in(fresh.checkpoint)
-    except (BackendUnavailable, SandboxNotFound):
-        raise
-    except Exception as exc:  # unsafe, truncated, not zstd, past the restore caps ...
-        raise CheckpointUnusable(f"{type(exc).__name__}: {exc}") from exc
+    # The session file is read in a second pass over the checkpoint, on a
+    # thread of its own while the extraction runs: that one mostly waits on
+    # the disk (tar, the engine), and the pass would otherwise follow it.
+    with ThreadPoolExecutor(1, thread_name_prefix="session-in") as pool:
+        reading = pool.submit(archive.session_in, fresh.checkpoint)
+        try:
+            archive.restore_checkpoint(backend, sid, fresh.checkpoint)
+            session = reading.result()
+        except (BackendUnavailable, SandboxNotFound):
+            raise
+        except Exception as exc:  # unsafe, truncated, not zstd, past the restore caps ...
+            raise CheckpointUnusable(f"{type(exc).__name__}: {exc}") from exc
     if session is None:
         return
     moved = False

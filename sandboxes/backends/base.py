@@ -224,6 +224,22 @@ class SandboxBackend(abc.ABC):
     def share_run_dir(self, run_dir: Path) -> None:
         """Make ``run_dir`` usable by the sandbox's processes (before create)."""
 
+    def new_host_home(self, agent_id: str, image: str) -> str | None:
+        """A fresh host directory, holding what ``image`` has in its home, to
+        give :meth:`create` as ``home_dir`` for a sandbox whose home is written
+        before its bridge starts (a restore, a fork: issue 17), or None when
+        this backend has none to offer (then the home is written through
+        :meth:`write_home` before :meth:`start`)."""
+        return None
+
+    def seal_home(self, sandbox_id: str, run_dir: str) -> None:
+        """The ``home_dir`` given to :meth:`create` is complete: the bridge,
+        started with ``--wait-home``, may read it now."""
+
+    def sweep_homes(self) -> list[str]:
+        """Remove the host-dir homes no sandbox has any more; their names."""
+        return []
+
     def install_inputs(self, sandbox_id: str, staged: str) -> None:
         """Copy wait-for inputs staged in the run dir (``staged``, as seen
         inside) to where the agent reads them; a no-op where the run dir

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -20,6 +19,9 @@ from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
 
 from sandboxes import config
+from sandboxes.backends import hosthome, overlay
+from sandboxes.backends.docker_config import HOME, container_config, host_home_fd
+from sandboxes.backends.docker_homes import HostHomes
 from sandboxes.backends.base import (
     CONTAINER_RUN_DIR,
     LABEL_AGENT,
@@ -49,13 +51,12 @@ from sandboxes.safe_tar import tar_of, validated_tar
 
 log = logging.getLogger(__name__)
 
-HOME = "/root"
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 # Seconds added to an exec's own timeout before the HTTP read gives up.
 _EXEC_GRACE_S = 15
 
 
-class DockerBackend(SandboxBackend):
+class DockerBackend(HostHomes, SandboxBackend):
     name = "docker"
     installs_packages = True
     restarts_in_place = True
@@ -72,6 +73,11 @@ class DockerBackend(SandboxBackend):
         self._api_timeout = api_timeout
         self._lock = threading.Lock()
         self._stream_client = None
+        #: Sandboxes whose host-dir home this process made and has not sealed
+        #: yet: the only ones written from the host (sandboxes/backends/hosthome.py).
+        self._unsealed: dict[str, Path] = {}
+        self._homes_ok: bool | None = None
+        self._image_homes: dict[str, bytes | None] = {}
 
     # --- capability hooks ---------------------------------------------------------------
     def run_dir_inside(self, run_dir: Path) -> str:
@@ -186,19 +192,28 @@ class DockerBackend(SandboxBackend):
         command: Sequence[str] | None = None,
         cap_add: Sequence[str] = (),
         binds: Mapping[str, str] | None = None,
+        home_dir: str | None = None,
     ) -> str:
+        """As the base class says; ``home_dir`` (from :meth:`new_host_home`) is
+        bind-mounted as the home, writable, and written from the host until
+        :meth:`seal_home`."""
         validate_create_args(agent_id, image, network)
+        home = hosthome.owned(home_dir) if home_dir is not None else None
+        if home_dir is not None and home is None:
+            raise SandboxError(f"{home_dir} is not a host home made by this control plane",
+                               permanent=True)
         wanted, image = image, resolve_image(image)
         try:
             limits = Limits.from_spec(limits)
         except (TypeError, ValueError) as exc:
             raise SandboxError(str(exc), permanent=True) from exc
-        kwargs = _container_config(
+        kwargs = container_config(
             image, limits=limits, network=network, run_dir=run_dir,
             env={**(env or {}), "HOME": HOME, "ALINEO_AGENT_ID": str(agent_id),
                  "ALINEO_RUN_DIR": CONTAINER_RUN_DIR},
             labels={**(labels or {}), LABEL_MANAGED: "1", LABEL_AGENT: str(agent_id)},
-            command=list(command or PLACEHOLDER_COMMAND), cap_add=list(cap_add), binds=binds)
+            command=list(command or PLACEHOLDER_COMMAND), cap_add=list(cap_add), binds=binds,
+            home_dir=str(home) if home else None)
         with self._errors(image=image):
             if not self.image_exists(image):
                 if wanted == DEFAULT_IMAGE:
@@ -206,6 +221,9 @@ class DockerBackend(SandboxBackend):
                                        "`manage.py build_base_image`", permanent=False)
                 raise ImageMissing(f"image {image} not found (build it, or check the spec)")
             container = self.client.containers.create(**kwargs)
+        if home is not None:
+            with self._lock:
+                self._unsealed[container.id] = home
         return container.id
 
     def start(self, sandbox_id: str) -> None:
@@ -270,10 +288,13 @@ class DockerBackend(SandboxBackend):
         host, overlay2, container running): GNU tar on the host over the
         container's merged dir — the same files exec'd tar would see, without
         streaming them through dockerd (about 2x faster for 50 MB). Otherwise,
-        and whenever that cannot be set up safely: exec'd tar in the container."""
-        fd = self._host_home_fd(sandbox_id)
+        and whenever that cannot be set up safely: exec'd tar in the container.
+        A host-dir home (sandboxes/backends/hosthome.py) is read where it is."""
+        fd = self._host_fd(sandbox_id, host_home_fd)
+        if fd is None:
+            fd = self._host_fd(sandbox_id, overlay.merged_home_fd)
         if fd is not None:
-            return self._host_tar(sandbox_id, fd)
+            return overlay.tar_out(sandbox_id, fd)
         client = self.stream_client
         with self._errors(sandbox_id):
             exec_id = client.api.exec_create(
@@ -282,59 +303,18 @@ class DockerBackend(SandboxBackend):
             stream = client.api.exec_start(exec_id, stream=True, demux=True)
         return self._drain_tar(sandbox_id, client, exec_id, stream)
 
-    def _host_home_fd(self, sandbox_id: str) -> int | None:
-        """An O_NOFOLLOW directory fd on the running container's merged /root,
-        or None when the fast path does not apply. The fd (not the path) is what
-        the host tar works in: a container that turned /root into a symlink
-        (to "/etc", say, which the host would resolve to ITS /etc) is refused."""
+    def _host_fd(self, sandbox_id: str, opener) -> int | None:
+        """``opener(info, HOME)`` (sandboxes/backends/overlay.py) when the
+        host-side fast paths apply here (root on the engine's own host), else
+        None; any doubt is None too, and the caller takes the engine's path."""
         if not config.docker_host_tar() or os.geteuid() != 0:
             return None
         if not self.host.startswith("unix://"):  # another machine's engine: its disk is not here
             return None
         try:
-            info = self.client.api.inspect_container(sandbox_id)
-            if info["State"].get("Status") != "running" or info["GraphDriver"]["Name"] != "overlay2":
-                return None
-            merged = info["GraphDriver"]["Data"]["MergedDir"]
-            if not merged or not os.path.isdir(merged):
-                return None
-            top = os.open(merged, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                return os.open("root", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
-            finally:
-                os.close(top)
-        except Exception:  # noqa: BLE001 - any doubt: the exec path
+            return opener(self.client.api.inspect_container(sandbox_id), HOME)
+        except Exception:  # noqa: BLE001 - any doubt: the engine's path
             return None
-
-    def _host_tar(self, sandbox_id: str, fd: int) -> Iterator[bytes]:
-        import subprocess
-
-        try:
-            argv = home_tar_argv(f"/proc/self/fd/{fd}")
-            with tempfile.TemporaryFile() as errf:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=errf, pass_fds=(fd,))
-                try:
-                    while True:
-                        chunk = proc.stdout.read(1 << 20)
-                        if not chunk:
-                            break
-                        yield chunk
-                finally:
-                    proc.stdout.close()
-                    try:
-                        proc.wait(timeout=10)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                    code = proc.wait()
-                errf.seek(0)
-                stderr = errf.read()
-        finally:
-            os.close(fd)
-        if code not in (0, 1):  # 1: "file changed as we read it", a warning
-            raise ExecFailed(
-                f"tar of the home dir of {sandbox_id[:12]} failed with exit code {code}: "
-                + stderr.decode(errors="replace")[-2000:], exit_code=code, stderr=stderr)
 
     def _drain_tar(self, sandbox_id, client, exec_id, stream) -> Iterator[bytes]:
         errors = []
@@ -361,7 +341,20 @@ class DockerBackend(SandboxBackend):
         after its header passed the extraction rules, so the first unsafe entry
         aborts the upload before any of its bytes reach the engine (entries
         before it stay, all inside the home). Checking while streaming saves
-        the spool-then-check pass (~0.3 s for 5,000 files)."""
+        the spool-then-check pass (~0.3 s for 5,000 files).
+
+        A container that was created and never ran (a restore, a fork), with
+        the control plane root on the engine's host: the same checked stream
+        goes to GNU tar on the host, straight into the container's writable
+        layer (sandboxes/backends/overlay.py), at the disk's speed. A host-dir
+        home this process made and has not sealed is written where it is."""
+        with self._lock:
+            unsealed = self._unsealed.get(sandbox_id)
+        fd = hosthome.open_dir(unsealed) if unsealed is not None else None
+        if fd is None:
+            fd = self._host_fd(sandbox_id, overlay.upper_home_fd)
+        if fd is not None:
+            return overlay.tar_in(sandbox_id, fd, tar_chunks, config.restore_caps())
         with self._errors(sandbox_id):
             self.stream_client.api.put_archive(sandbox_id, HOME, validated_tar(
                 tar_chunks, config.restore_caps()))
@@ -391,15 +384,22 @@ class DockerBackend(SandboxBackend):
             self.client.api.stop(sandbox_id, timeout=int(timeout))
 
     def remove(self, sandbox_id: str) -> None:
+        """Remove the container, and its host-dir home when it has one."""
         try:
             with self._errors(sandbox_id):
+                home = hosthome.of_mounts(
+                    self.client.api.inspect_container(sandbox_id).get("Mounts"), HOME)
                 # v=True: never leak an anonymous volume.
                 self.client.api.remove_container(sandbox_id, force=True, v=True)
         except SandboxNotFound:
-            pass
+            home = None
         except SandboxError as exc:
             if "already in progress" not in str(exc):
                 raise
+            home = None
+        with self._lock:
+            self._unsealed.pop(sandbox_id, None)
+        hosthome.remove(home)
 
     def home(self, sandbox_id: str) -> str:
         return HOME
@@ -448,32 +448,6 @@ class DockerBackend(SandboxBackend):
                 self.client.api.remove_image(image, force=True)
             except de.NotFound:
                 pass
-
-
-def _container_config(image: str, *, limits: Limits, network: str,
-                      run_dir: str | None, env: dict, labels: dict, command: list,
-                      cap_add: list, binds: Mapping[str, str] | None = None) -> dict:
-    """``containers.create`` arguments: under docker-init, every capability
-    dropped but ``cap_add``, no new privileges, the limits, the run dir bound."""
-    import docker.types
-
-    mounts = []
-    if run_dir is not None:
-        run_dir = os.path.abspath(run_dir)
-        os.makedirs(run_dir, mode=0o755, exist_ok=True)
-        mounts.append(docker.types.Mount(CONTAINER_RUN_DIR, run_dir, type="bind"))
-    for host, inside in sorted((binds or {}).items()):
-        mounts.append(docker.types.Mount(inside, os.path.abspath(host), type="bind", read_only=True))
-    config = dict(
-        image=image, command=command, detach=True, init=True, network_mode=network,
-        cap_drop=["ALL"], cap_add=cap_add or None, security_opt=["no-new-privileges"],
-        pids_limit=limits.pids, mem_limit=f"{limits.memory_mb}m",
-        memswap_limit=f"{limits.memory_mb}m", labels=labels, environment=env,
-        working_dir=HOME, mounts=mounts,
-    )
-    if limits.cpus:
-        config["nano_cpus"] = int(limits.cpus * 1e9)
-    return config
 
 
 def _map_state(state: str) -> SandboxStatus:

@@ -33,7 +33,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 from urllib.parse import quote
 
 from sandboxes import config
-from sandboxes.backends import procs
+from sandboxes.backends import overlay, procs
 from sandboxes.backends.base import (
     CONTAINER_RUN_DIR,
     LABEL_AGENT,
@@ -344,19 +344,7 @@ class HostDirBackend(SandboxBackend):
             proc = subprocess.Popen(home_tar_argv("."), cwd=home, stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=errf,
                                     **self._as_owner(sandbox_id))
-            try:
-                while True:
-                    chunk = proc.stdout.read(1 << 20)
-                    if not chunk:
-                        break
-                    yield chunk
-            finally:
-                proc.stdout.close()  # a consumer that stops early: tar gets SIGPIPE
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                code = proc.wait()
+            code = yield from procs.drain(proc)  # an early stop: tar gets SIGPIPE
             errf.seek(0)
             stderr = errf.read()
         if code not in (0, 1):  # 1: "file changed as we read it", a warning
@@ -367,11 +355,31 @@ class HostDirBackend(SandboxBackend):
             )
 
     def write_home(self, sandbox_id: str, tar_chunks: Iterable[bytes]) -> None:
+        """Extract into the home, checked. Into the empty home of a sandbox
+        that never ran (a restore, a fork: issue 17) GNU tar writes, fed by
+        the checked stream, at the disk's speed: an empty directory holds no
+        link to follow, and nothing of the sandbox runs yet. Any other
+        write: :func:`safe_extract`, which checks every path on disk."""
         meta = self._meta(sandbox_id)
+        home = self.host_home(sandbox_id)
         try:
-            safe_extract(as_fileobj(tar_chunks), self.host_home(sandbox_id), config.restore_caps())
+            fd = self._fresh_home_fd(sandbox_id, home)
+            if fd is not None:
+                overlay.tar_in(sandbox_id, fd, tar_chunks, config.restore_caps())
+            else:
+                safe_extract(as_fileobj(tar_chunks), home, config.restore_caps())
         finally:
             self._after_write(sandbox_id, meta)
+
+    def _fresh_home_fd(self, sandbox_id: str, home: str) -> int | None:
+        path = self._dir(sandbox_id)
+        if (path / "pid").exists() or (path / "exit_code").exists():
+            return None  # it ran: its home is its own
+        fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        if os.listdir(fd):
+            os.close(fd)
+            return None
+        return fd
 
     def commit(self, sandbox_id: str, tag: str, *,
                labels: Mapping[str, str] | None = None) -> str:

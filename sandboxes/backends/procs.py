@@ -12,7 +12,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Generator, Iterator
 
 from sandboxes.backends.base import Tail
 
@@ -85,6 +85,25 @@ def pids_with_env(name: str, value: str) -> Iterator[int]:
             continue
         if needle in env:
             yield int(entry.name)
+
+
+def drain(proc: subprocess.Popen, wait_s: float = 10) -> Generator[bytes, None, int]:
+    """Yield a child's stdout in 1 MiB chunks, then close it and wait for the
+    child (killed after ``wait_s``); also when the consumer stops early (the
+    child gets SIGPIPE). ``code = yield from drain(proc)`` is its exit status."""
+    try:
+        while True:
+            chunk = proc.stdout.read(1 << 20)
+            if not chunk:
+                break
+            yield chunk
+    finally:
+        proc.stdout.close()
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()
 
 
 def exit_code(returncode: int) -> int:

@@ -29,6 +29,7 @@ log = logging.getLogger("bridge")
 
 EXIT_CONFIG = 2
 EXIT_LOCKED = 3
+EXIT_HOME = 4
 
 
 #: Stack per thread (the socket server's, the gateway forwarder's …). The
@@ -43,6 +44,10 @@ def main(argv=None) -> int:
     args = cfg.parse_args(argv)
     Path(args.run_dir).mkdir(parents=True, exist_ok=True)
     _setup_logging(args.run_dir)
+    if args.wait_home and not cfg.wait_for_home(args.run_dir):
+        # Never a session on a half-written home: the ladder restores again.
+        log.error("the home was not completed within %d s; not starting", cfg.WAIT_HOME_S)
+        return EXIT_HOME
     try:
         config = cfg.load_config(args.run_dir, args.config)
         environ = _environ(args.run_dir, config)

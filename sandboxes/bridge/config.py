@@ -7,7 +7,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
+
+from .protocol import HOME_READY
 
 DEFAULTS = {
     "agent_id": None,
@@ -29,6 +32,22 @@ GATEWAY_KEY = "alineo-gateway"
 SECRET_ENV_DEFAULTS = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 
 
+#: How long a bridge started with --wait-home waits for the run dir's
+#: HOME_READY (written by the control plane once a restored home is complete).
+WAIT_HOME_S = 900
+
+
+def wait_for_home(run_dir: str, limit_s: float = WAIT_HOME_S) -> bool:
+    """True once RUN_DIR/home.ready exists; False after ``limit_s``."""
+    marker = Path(run_dir) / HOME_READY
+    deadline = time.monotonic() + limit_s
+    while not marker.exists():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bridge", description="Alineo's in-sandbox agent bridge")
     p.add_argument("--run-dir", default=os.environ.get("ALINEO_RUN_DIR"),
@@ -37,6 +56,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the agent's home; the session file is HOME/.alineo/session.json")
     p.add_argument("--config", help="config file (default RUN_DIR/config.json)")
     p.add_argument("--seed", help="JSON file with a conversation to start a fresh session from")
+    p.add_argument("--wait-home", action="store_true",
+                   help=f"wait (at most {WAIT_HOME_S} s) for RUN_DIR/{HOME_READY} before reading "
+                        "the home: the control plane is still writing it (a restore, a fork)")
     args = p.parse_args(argv)
     if not args.run_dir or not args.home:
         p.error("--run-dir (or ALINEO_RUN_DIR) and --home (or HOME) are required")

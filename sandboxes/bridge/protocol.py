@@ -54,6 +54,9 @@ FIRST_VERSION = 1
 
 #: AF_UNIX sun_path is 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
+#: The file the control plane writes into the run dir once a home it restored
+#: is complete; a bridge started with ``--wait-home`` waits for it.
+HOME_READY = "home.ready"
 #: One line, either way: a request may hold a whole seed conversation.
 MAX_LINE = 64 * 1024 * 1024
 #: ``events``: the longest long-poll (seconds) and the largest page.

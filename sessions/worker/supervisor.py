@@ -168,11 +168,16 @@ class Supervisor:
             self.chores = asyncio.get_running_loop().create_task(self.housekeeping(), name="housekeeping")
 
     async def housekeeping(self) -> None:
-        """The retention sweep (and, when configured, a scheduled backup), off the loop."""
+        """The retention sweep, orphaned host-dir homes (and, when configured, a
+        scheduled backup), off the loop."""
         try:
             await database_sync_to_async(retention.sweep)()
         except Exception:
             log.exception("retention sweep failed")
+        try:  # host-dir homes whose container was removed behind our back (docker rm -f)
+            await asyncio.to_thread(get_backend().sweep_homes)
+        except Exception as exc:  # noqa: BLE001 - the engine may be down: the next sweep
+            log.info("host home sweep skipped: %s", exc)
         if settings.ALINEO_BACKUP_DIR:
             await asyncio.to_thread(backup.run_scheduled_if_due)  # never raises; logs a failure
 

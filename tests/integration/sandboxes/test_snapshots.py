@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
 
+from sandboxes.backends import overlay
 from sandboxes.backends.base import SandboxStatus
 from sandboxes.errors import SandboxError
 from sandboxes.snapshots import SandboxSession
@@ -93,7 +95,7 @@ def test_names_are_checked_and_a_session_is_not_created_twice(sandboxes, session
 
 
 def test_docker_home_tar_fast_path_matches_exec_tar_and_refuses_a_symlinked_home(
-        docker_sandboxes, monkeypatch):
+        docker_sandboxes, settings):
     """read_home's host-side fast path (root, overlay2, running) gives the same
     members as exec'd tar, and a /root turned into a symlink (to /etc, which the
     host would resolve to its own /etc) is never followed."""
@@ -110,9 +112,13 @@ def test_docker_home_tar_fast_path_matches_exec_tar_and_refuses_a_symlinked_home
         return sorted(tarfile.open(fileobj=io.BytesIO(b"".join(b.read_home(sid)))).getnames())
 
     fast = names()
-    monkeypatch.setenv("ALINEO_DOCKER_HOST_TAR", "0")
+    settings.ALINEO_DOCKER_HOST_TAR = False  # exec'd tar
+    assert b._host_fd(sid, overlay.merged_home_fd) is None
     assert names() == fast and "./w/link" in fast and not any("cache" in n for n in fast)
-    monkeypatch.delenv("ALINEO_DOCKER_HOST_TAR")
+    settings.ALINEO_DOCKER_HOST_TAR = True
+    fd = b._host_fd(sid, overlay.merged_home_fd)
+    assert fd is not None
+    os.close(fd)
     assert b.exec(sid, ["sh", "-c", "mv /root /root.real && ln -s /etc /root"]).ok
-    assert b._host_home_fd(sid) is None
+    assert b._host_fd(sid, overlay.merged_home_fd) is None
     b"".join(b.read_home(sid))  # falls back to exec'd tar, inside the container
