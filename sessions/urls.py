@@ -18,6 +18,7 @@ urlpatterns = [
     re_path(rf"^agents/{_ID}/rows$", agent.agent_rows, name="dash-agent-rows"),
     re_path(rf"^agents/{_ID}/fork$", forking.fork, name="dash-fork"),
     re_path(rf"^agents/{_ID}/approve$", forking.approve, name="dash-approve"),
+    re_path(rf"^agents/{_ID}/deny$", forking.deny, name="dash-deny"),
     re_path(
         rf"^agents/{_ID}/(?P<verb>prompt|steer|interrupt|pause|resume|stop)$",
         actions.command,

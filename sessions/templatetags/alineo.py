@@ -219,6 +219,9 @@ _TITLES = {
     "agent.status": "Status",
     "agent.restored": "Restored",
     "agent.lost": "Lost",
+    "credential.approval_requested": "Approval requested",
+    "credential.approved": "Credential approved",
+    "credential.denied": "Credential denied",
     "agent.child_spawned": "Child spawned",
     "agent.checkpointed": "Checkpoint",
     "agent.checkpoint_failed": "Checkpoint failed",
@@ -335,6 +338,10 @@ def event_view(event) -> dict:
                 view["blocks"] = [_block("text that survived", data["text"], long=True)]
     elif etype == "agent.lost":
         view["text"] = str(data.get("text", "") or data.get("reason", ""))
+    elif etype in ("credential.approved", "credential.denied"):
+        names = ", ".join(str(n) for n in data.get("bindings") or [])
+        view["text"] = f"{names} by {data.get('by', '?')}" + (
+            f": {data['reason']}" if data.get("reason") else "")
     elif etype == "agent.spawned":
         spec = data.get("spec") or {}
         model = spec.get("model", "?") if isinstance(spec, dict) else "?"

@@ -102,7 +102,7 @@ def post_requests(draw, ids):
     path = draw(st.one_of(
         st.just("/agents/new"),
         st.just("/accounts/login/"),
-        st.sampled_from(VERBS + ["fork", "approve", "reattach"]).map(lambda v: f"/agents/{agent_id}/{v}"),
+        st.sampled_from(VERBS + ["fork", "approve", "deny", "reattach"]).map(lambda v: f"/agents/{agent_id}/{v}"),
     ))
     fields = draw(st.dictionaries(
         st.sampled_from(["example", "spec", "prompt", "parent", "text", "idempotency_key",
