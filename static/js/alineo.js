@@ -512,7 +512,21 @@
     }).catch(function () { self.loadingOlder = false; });
   };
 
+  // The tree keeps ended agents (and ended subtrees) out of the way unless asked (CSS:
+  // .tree-wrap.show-archived); the choice is remembered.
+  function archivedToggle() {
+    var toggle = document.getElementById("show-archived"), tree = document.getElementById("tree");
+    if (!toggle || !tree) return;
+    try { toggle.checked = localStorage.getItem("alineo.showArchived") === "1"; } catch (err) { /* private mode */ }
+    function apply() {
+      tree.classList.toggle("show-archived", toggle.checked);
+      try { localStorage.setItem("alineo.showArchived", toggle.checked ? "1" : "0"); } catch (err) { /* ignore */ }
+    }
+    toggle.addEventListener("change", apply); apply();
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
+    archivedToggle();
     var box = document.getElementById("transcript");
     if (box) A.transcript = new Transcript(box);
     A.trees = [];

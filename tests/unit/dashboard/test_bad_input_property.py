@@ -88,7 +88,7 @@ def get_requests(draw, ids):
         st.sampled_from(GET_TAILS).map(lambda tail: f"/agents/{agent_id}{tail}"),
         st.just(f"/agents/{agent_id}/rows"),
     ))
-    pairs = draw(st.lists(st.tuples(st.sampled_from(["after", "before", "v", "parent", "next", "x"]),
+    pairs = draw(st.lists(st.tuples(st.sampled_from(["after", "before", "v", "parent", "next", "x", "q", "status", "sort", "page"]),
                                     hostile_text), max_size=3))
     query = "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in pairs)
     # Percent sequences that are not UTF-8, and separators without names.
