@@ -2,7 +2,7 @@
 
 from django.urls import path, re_path
 
-from .dashboard import actions, agent, agent_list, forking, sandboxes, tree
+from .dashboard import actions, agent, agent_list, files, forking, sandboxes, tree
 
 _ID = r"(?P<agent_id>[A-Za-z0-9_-]{1,32})"
 
@@ -17,6 +17,7 @@ urlpatterns = [
     re_path(rf"^agents/{_ID}/$", agent.agent_page, name="dash-agent"),
     re_path(rf"^agents/{_ID}/live$", agent.agent_live, name="dash-agent-live"),
     re_path(rf"^agents/{_ID}/rows$", agent.agent_rows, name="dash-agent-rows"),
+    re_path(rf"^agents/{_ID}/files$", files.files, name="dash-files"),
     re_path(rf"^agents/{_ID}/fork$", forking.fork, name="dash-fork"),
     re_path(rf"^agents/{_ID}/approve$", forking.approve, name="dash-approve"),
     re_path(rf"^agents/{_ID}/deny$", forking.deny, name="dash-deny"),

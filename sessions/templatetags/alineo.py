@@ -381,3 +381,9 @@ def new_key() -> str:
     import uuid
 
     return str(uuid.uuid4())
+
+
+@register.filter
+def cut_prefix(name: str, path: str) -> str:
+    """A name inside the directory `path`, without the directory (the Files view)."""
+    return name[len(path) + 1:] if path and name.startswith(path + "/") else name

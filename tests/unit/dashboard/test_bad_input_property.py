@@ -29,7 +29,7 @@ pytestmark = pytest.mark.django_db
 VERBS = ["prompt", "steer", "interrupt", "pause", "resume", "stop"]
 MY_SB, FOREIGN_SB = "sb_" + "1" * 16, "sb_" + "2" * 16  # the scene's sandbox sessions
 SANDBOX_PAGES = [f"/sandboxes/{MY_SB}/", f"/sandboxes/{FOREIGN_SB}/"]
-GET_TAILS = ["/", "/live", "/rows", "/rows/", "/prompt"]
+GET_TAILS = ["/", "/live", "/rows", "/rows/", "/prompt", "/files"]
 # Digits no client means: superscript two, Arabic-Indic three, fullwidth one,
 # mathematical bold one, Devanagari five; and numbers past every limit.
 ODD_DIGITS = ["²", "٣", "１", "𝟙", "५", "1²", "-1", "+1", " 1", "1.0", "1e3", "0x10", "9" * 19,
@@ -88,7 +88,9 @@ def get_requests(draw, ids):
         st.sampled_from(GET_TAILS).map(lambda tail: f"/agents/{agent_id}{tail}"),
         st.just(f"/agents/{agent_id}/rows"),
     ))
-    pairs = draw(st.lists(st.tuples(st.sampled_from(["after", "before", "v", "parent", "next", "x", "q", "status", "sort", "page"]),
+    keys = ["after", "before", "v", "parent", "next", "x", "q", "status", "sort", "page",
+            "path", "checkpoint", "changes", "diff"]
+    pairs = draw(st.lists(st.tuples(st.sampled_from(keys),
                                     hostile_text), max_size=3))
     query = "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in pairs)
     # Percent sequences that are not UTF-8, and separators without names.
