@@ -2,7 +2,7 @@
 
 from django.urls import path, re_path
 
-from .dashboard import actions, agent, agent_list, files, forking, sandboxes, tree
+from .dashboard import actions, agent, agent_list, files, forking, sandboxes, tree, usage
 
 _ID = r"(?P<agent_id>[A-Za-z0-9_-]{1,32})"
 
@@ -11,6 +11,7 @@ urlpatterns = [
     path("tree", tree.tree_fragment, name="dash-tree"),
     path("agents/new", actions.spawn, name="dash-spawn"),
     path("agents/", agent_list.agent_list, name="dash-agents"),
+    path("usage", usage.usage, name="dash-usage"),
     path("sandboxes/", sandboxes.sandbox_list, name="dash-sandboxes"),
     re_path(r"^sandboxes/(?P<session_id>sb_[0-9a-f]{16})/$", sandboxes.sandbox_page,
             name="dash-sandbox"),

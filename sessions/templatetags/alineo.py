@@ -13,6 +13,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from sessions.access import AGENT_ID
+from sessions.gateway.usage import usage_line
 from sessions.worker.plans import REBUILD_REASONS
 
 register = template.Library()
@@ -332,6 +333,7 @@ def event_view(event) -> dict:
         n = data.get("turn")
         view["title"] = {"turn.started": "Turn {}", "turn.finished": "Turn {} finished",
                          "turn.interrupted": "Turn {} interrupted"}[etype].format(n if n is not None else "")
+        view["usage"] = usage_line(data.get("usage")) if etype != "turn.started" else ""
         if etype == "turn.interrupted":
             view["meta"] = str(data.get("reason", "")).replace("_", " ")
             if data.get("text"):

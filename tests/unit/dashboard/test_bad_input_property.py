@@ -84,12 +84,12 @@ def get_requests(draw, ids):
     agent_id = draw(st.sampled_from([*ids[:2] * 4, ids[2], "ag_missing", junk]))
     path = draw(st.one_of(
         st.sampled_from(["/", "/tree", "/agents/new", "/accounts/login/", "/agents/", "/nope",
-                         "/sandboxes/", "/sandboxes/sb_0000000000000000/", *SANDBOX_PAGES]),
+                         "/sandboxes/", "/sandboxes/sb_0000000000000000/", "/usage", *SANDBOX_PAGES]),
         st.sampled_from(GET_TAILS).map(lambda tail: f"/agents/{agent_id}{tail}"),
         st.just(f"/agents/{agent_id}/rows"),
     ))
     keys = ["after", "before", "v", "parent", "next", "x", "q", "status", "sort", "page",
-            "path", "checkpoint", "changes", "diff"]
+            "path", "checkpoint", "changes", "diff", "days"]
     pairs = draw(st.lists(st.tuples(st.sampled_from(keys),
                                     hostile_text), max_size=3))
     query = "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in pairs)
