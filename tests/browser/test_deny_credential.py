@@ -5,6 +5,8 @@ transcript; the approval box goes. The server's own worker acts on it."""
 import httpx
 import pytest
 
+from tests.browser.conftest import screenshot
+
 pytestmark = pytest.mark.live
 
 HOLD = {"model": "demo", "credentials": [{"name": "deploy-token", "env": "DEPLOY", "approval": "hold"}]}
@@ -23,6 +25,7 @@ def test_an_operator_denies_a_held_credential_and_the_agent_ends_lost(server, ac
     page.locator("#approval", has_text="deploy-token").wait_for(timeout=30_000)
     page.click(f"#deny-open-{agent}")
     page.fill(f"#deny-reason-{agent}", "no deploys on Fridays")
+    screenshot(page, "deny-credential")
     page.click(f"#deny-{agent}")
     page.locator(".note", has_text="ends as lost").first.wait_for()
     # The worker ends it: the header says Lost, with the denial as the reason.

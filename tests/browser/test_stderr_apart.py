@@ -4,6 +4,8 @@ output was combined shows as before."""
 
 import pytest
 
+from tests.browser.conftest import screenshot
+
 pytestmark = pytest.mark.live
 
 
@@ -29,6 +31,8 @@ def test_a_tool_result_shows_stderr_apart(server, actor, page):
     stderr = new.locator("pre.stderr")
     assert stderr.inner_text().strip() == "warning: deprecated"
     assert stderr.evaluate("p => getComputedStyle(p, '::before').content") == '"stderr"'  # labelled
+    new.scroll_into_view_if_needed()
+    screenshot(page, "tool-stderr")
     old = page.locator("li[data-call='c-old'] .tool-slot")
     assert "warning: mixed in" in old.locator("pre[aria-label=output]").inner_text()
     assert old.locator("pre.stderr").count() == 0
