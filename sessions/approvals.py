@@ -11,6 +11,9 @@ sandbox) consumes it. So, reading the facts after the newest `agent.sandbox`:
   with an `agent.status` that says what the agent waits for ("starting" on a
   first start, "restoring" when its sandbox is being replaced).
 - `credential.approved {bindings, by, command}` — `POST /api/agents/{id}/approve`.
+- `credential.denied {bindings, by, reason, command}` — `POST /api/agents/{id}/deny`:
+  the request is closed and the agent cannot start; the worker ends it as
+  `agent.lost` with the denial as its reason (:func:`denial`).
 
 The worker (sessions/worker/driver.py at a first start, sessions/worker/
 ladder.py before a fresh sandbox) calls :func:`ensure_approved` right before
@@ -33,6 +36,7 @@ from .models import ENDED, Agent, AgentStatus, Event
 
 REQUESTED = "credential.approval_requested"
 APPROVED = "credential.approved"
+DENIED = "credential.denied"
 SANDBOX = "agent.sandbox"
 FIRST_START = "first_start"
 SANDBOX_REPLACED = "sandbox_replaced"
@@ -54,6 +58,7 @@ class ApprovalState:
     held: tuple[str, ...]
     requested: dict | None  # the open request since the newest sandbox start: its data + "seq"
     approved: frozenset[str]
+    denied: dict | None = None  # the operator's refusal of that request: its data + "seq"
 
     @property
     def missing(self) -> tuple[str, ...]:
@@ -68,7 +73,7 @@ class ApprovalState:
     @property
     def waiting(self) -> bool:
         """An approval was asked for and is still (partly) outstanding."""
-        return self.requested is not None and not self.ready
+        return self.requested is not None and self.denied is None and not self.ready
 
 
 def approval_state(spec: Any, events: Iterable[Any]) -> ApprovalState:
@@ -76,16 +81,27 @@ def approval_state(spec: Any, events: Iterable[Any]) -> ApprovalState:
     (seq, type, data) tuples, in seq order). A sandbox start consumes every
     approval and closes the request."""
     requested: dict | None = None
+    denied: dict | None = None
     approved: set[str] = set()
     for event in events:
         seq, etype, data = _unpack(event)
         if etype == SANDBOX:
-            requested, approved = None, set()
+            requested, approved, denied = None, set(), None
         elif etype == REQUESTED:
-            requested = {**data, "seq": seq}
-        elif etype == APPROVED and requested is not None:
+            requested, denied = {**data, "seq": seq}, None
+        elif etype == APPROVED and requested is not None and denied is None:
             approved |= {n for n in data.get("bindings") or [] if isinstance(n, str)}
-    return ApprovalState(held_bindings(spec), requested, frozenset(approved))
+        elif etype == DENIED and requested is not None:
+            denied = {**data, "seq": seq}
+    return ApprovalState(held_bindings(spec), requested, frozenset(approved), denied)
+
+
+def denial_reason(denied: dict) -> str:
+    """The agent.lost reason of a denial: which bindings, who, and why."""
+    names = [n for n in denied.get("bindings") or [] if isinstance(n, str)]
+    why = str(denied.get("reason") or "").strip()
+    return (f"credential(s) {', '.join(names)} denied by {denied.get('by') or 'an operator'}"
+            + (f": {why}" if why else ""))
 
 
 def waiting_reason(names: Iterable[str]) -> str:
@@ -111,7 +127,8 @@ def state_of(agent: Agent) -> ApprovalState:
         return ApprovalState((), None, frozenset())
     since = (Event.objects.filter(agent_id=agent.pk, type=SANDBOX).order_by("-seq")
              .values_list("seq", flat=True).first()) or 0
-    rows = (Event.objects.filter(agent_id=agent.pk, seq__gt=since, type__in=(REQUESTED, APPROVED))
+    rows = (Event.objects.filter(agent_id=agent.pk, seq__gt=since,
+                                 type__in=(REQUESTED, APPROVED, DENIED))
             .order_by("seq").values_list("seq", "type", "data"))
     return approval_state(agent.spec, rows)
 
@@ -129,6 +146,8 @@ def ensure_approved(agent_id: str, reason: str) -> bool:
         state = state_of(agent)
         if state.ready:
             return True
+        if state.denied is not None:
+            return False  # refused: the worker ends the agent (denial())
         if state.requested is None:
             facts = [(REQUESTED, {"bindings": list(state.missing), "reason": reason,
                                   "previous": agent.status})]
@@ -138,6 +157,14 @@ def ensure_approved(agent_id: str, reason: str) -> bool:
                                                "reason": waiting_reason(state.missing)}))
             journal.append_many(agent_id, facts)
         return False
+
+
+def denial(agent_id: str) -> str | None:
+    """The worker found the agent not approved: the agent.lost reason when an
+    operator denied the request (the agent cannot start), else None (it waits)."""
+    agent = Agent.objects.filter(pk=agent_id).first()
+    state = state_of(agent) if agent is not None else None
+    return denial_reason(state.denied) if state is not None and state.denied else None
 
 
 def status_after_replacement(agent_id: str) -> tuple[str, dict] | None:

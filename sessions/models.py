@@ -217,6 +217,7 @@ class CommandVerb(models.TextChoices):
     STOP = "stop"
     FORK = "fork"
     APPROVE = "approve"
+    DENY = "deny"  # an operator refuses held credentials: the agent cannot start
     REATTACH = "reattach"  # the client's reattach: the bridge must answer within 5 s
     REBRIDGE = "rebridge"  # the client's resume: restart the bridge on its session
     CHECKPOINT = "checkpoint"  # take a turn checkpoint now

@@ -4,7 +4,10 @@
     {"role": "assistant", "text": str, "tool_calls": [{"id", "name", "input"}],
      "interrupted": bool?}
     {"role": "tool", "tool_call_id": str, "name": str, "output": str,
-     "exit_code": int, "is_error": bool, "interrupted": bool?}
+     "exit_code": int, "is_error": bool, "interrupted": bool?, "stderr": str?}
+
+A tool's stderr is kept apart from its output (stdout) for the transcript; a
+model reads both, through :func:`model_output`.
 
 The one invariant every provider needs: each tool call of an assistant message
 is answered by a tool message before the next user or assistant message.
@@ -29,12 +32,23 @@ def assistant(text: str, tool_calls: list[dict] | None = None, interrupted: bool
 
 
 def tool_result(call: dict, output: str, exit_code: int, is_error: bool,
-                interrupted: bool = False) -> dict:
+                interrupted: bool = False, stderr: str = "") -> dict:
     msg = {"role": "tool", "tool_call_id": call["id"], "name": call["name"],
            "output": output, "exit_code": exit_code, "is_error": is_error}
     if interrupted:
         msg["interrupted"] = True
+    if stderr:
+        msg["stderr"] = stderr
     return msg
+
+
+def model_output(msg: dict) -> str:
+    """What a model reads of a tool message: its output, then its stderr after a line that says so."""
+    stderr = msg.get("stderr")
+    if not isinstance(stderr, str) or not stderr:
+        return msg["output"]
+    out = msg["output"]
+    return f"{out}{'' if not out or out.endswith(chr(10)) else chr(10)}[stderr]\n{stderr}"
 
 
 def interrupted_result(call: dict, reason: str) -> dict:
@@ -106,5 +120,7 @@ def _normalize(i: int, m: dict) -> dict:
     if not isinstance(m.get("tool_call_id"), str):
         raise ValueError(f"messages[{i}].tool_call_id must be a string")
     call = {"id": m["tool_call_id"], "name": str(m.get("name") or "")}
+    stderr = m.get("stderr")
     return tool_result(call, str(m.get("output") or ""), int(m.get("exit_code") or 0),
-                       bool(m.get("is_error")), bool(m.get("interrupted")))
+                       bool(m.get("is_error")), bool(m.get("interrupted")),
+                       stderr if isinstance(stderr, str) else "")

@@ -279,8 +279,8 @@ class Harness(abc.ABC):
                 self.session.commit()
 
     def _record_result(self, turn: int | None, call: dict, output: str, exit_code: int,
-                       is_error: bool, interrupted: bool = False) -> None:
-        msg = conv.tool_result(call, output, exit_code, is_error, interrupted)
+                       is_error: bool, interrupted: bool = False, stderr: str = "") -> None:
+        msg = conv.tool_result(call, output, exit_code, is_error, interrupted, stderr)
         self.state["messages"].append(msg)
         self.session.emit("tool.result", result_event(turn, msg))
 
@@ -338,4 +338,6 @@ def result_event(turn: int | None, msg: dict) -> dict:
             "output": msg["output"], "exit_code": msg["exit_code"], "is_error": msg["is_error"]}
     if msg.get("interrupted"):
         data["interrupted"] = True
+    if msg.get("stderr"):
+        data["stderr"] = msg["stderr"]  # apart from output (older transcripts: combined)
     return data

@@ -165,7 +165,7 @@ class Runner(Harness):
             if self._live(turn) is None:
                 return False  # aborted meanwhile: the abort already closed this call
             self._record_result(turn, call, outcome.output, outcome.exit_code,
-                                outcome.is_error, outcome.interrupted)
+                                outcome.is_error, outcome.interrupted, outcome.stderr)
             self._live(turn).pop("process", None)
             self.session.commit()
             return True

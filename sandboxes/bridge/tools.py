@@ -27,7 +27,7 @@ MAX_READ = 256 * 1024
 SCHEMAS = {
     "bash": {
         "description": "Run a shell command with bash -lc in the home directory. "
-                       "Returns its combined stdout and stderr and its exit code.",
+                       "Returns its stdout, its stderr (after a [stderr] line) and its exit code.",
         "input_schema": {"type": "object", "properties": {
             "command": {"type": "string"},
             "timeout": {"type": "number", "description": "seconds (optional)"}},
@@ -73,6 +73,7 @@ class ToolOutcome:
     exit_code: int = 0
     is_error: bool = False
     interrupted: bool = False
+    stderr: str = ""  # bash's stderr, apart from its stdout (output)
 
 
 @dataclass
@@ -140,11 +141,12 @@ def _bash(ctx: ToolContext, call: dict, args: dict, cancel: CancelToken) -> Tool
     command = _arg(args, "command")
     timeout = _timeout(args.get("timeout"), ctx.limits)
     env = {**ctx.env, "HOME": ctx.home, "ALINEO_TOOL_CALL_ID": call["id"]}
-    # Output goes to an unnamed file, not a pipe: a background process left
-    # holding the pipe open would otherwise keep the call from ever ending.
-    with tempfile.TemporaryFile(dir=ctx.run_dir) as out:
+    # Output goes to unnamed files, not pipes: a background process left
+    # holding a pipe open would otherwise keep the call from ever ending.
+    # stdout and stderr apart, so the transcript can show them apart.
+    with tempfile.TemporaryFile(dir=ctx.run_dir) as out, tempfile.TemporaryFile(dir=ctx.run_dir) as err:
         proc = subprocess.Popen(["bash", "-lc", command], cwd=ctx.home, env=env,
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                 start_new_session=True)
         ctx.on_process(proc.pid)
         unregister = cancel.on_cancel(lambda: _kill_group(proc))
@@ -152,10 +154,10 @@ def _bash(ctx: ToolContext, call: dict, args: dict, cancel: CancelToken) -> Tool
             code, note = _wait(proc, timeout)
         finally:
             unregister()
-        text = _read_capped(out)
+        text, errors = _read_capped(out), _read_capped(err)
     if cancel.cancelled:
-        return ToolOutcome(text + "\n[interrupted: the turn was aborted]", -1, True, True)
-    return ToolOutcome(text + note, code, code != 0)
+        return ToolOutcome(text + "\n[interrupted: the turn was aborted]", -1, True, True, errors)
+    return ToolOutcome(text + note, code, code != 0, stderr=errors)
 
 
 def _timeout(value, limits: ToolLimits) -> float:

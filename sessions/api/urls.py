@@ -18,6 +18,7 @@ urlpatterns = [
         name="api-agent-command",
     ),
     re_path(rf"^agents/{_ID}/approve/?$", views.agent_approve, name="api-agent-approve"),
+    re_path(rf"^agents/{_ID}/deny/?$", views.agent_deny, name="api-agent-deny"),
     re_path(rf"^agents/{_ID}/events/?$", views.agent_events, name="api-agent-events"),
     re_path(
         rf"^agents/{_ID}/checkpoints/?$", views.agent_checkpoints, name="api-agent-checkpoints"

@@ -141,6 +141,14 @@ def agent_approve(request, user, agent_id: str):
     return outcome_response(outcome)
 
 
+@api_view("POST")
+def agent_deny(request, user, agent_id: str):
+    """Refuse the held credential bindings the agent waits for: it cannot start (it ends as lost)."""
+    agent = _agent(user, agent_id)
+    outcome = commands.deny(user, agent.id, json_body(request), idempotency_key(request))
+    return outcome_response(outcome)
+
+
 # --- transcript pages ---------------------------------------------------------------------
 
 

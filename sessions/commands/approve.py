@@ -1,6 +1,8 @@
-"""`POST /api/agents/{id}/approve`: an operator approves the held credential
-bindings an agent waits for (sessions/approvals.py reads what it waits for
-from the transcript). An operator is staff or holds the permission
+"""`POST /api/agents/{id}/approve` and `…/deny`: an operator approves, or
+refuses, the held credential bindings an agent waits for (sessions/approvals.py
+reads what it waits for from the transcript). A denial closes the request:
+the agent cannot start, and the worker ends it as lost with the denial as the
+reason. An operator is staff or holds the permission
 ``agent_sessions.approve_credentials`` (sessions/access.py may_approve); any
 other member gets 403 ``approval.forbidden``, and nothing is written."""
 
@@ -14,7 +16,7 @@ from django.utils import timezone
 
 from sessions import journal
 from sessions.access import APPROVE_PERMISSION, may_approve
-from sessions.approvals import APPROVED, state_of
+from sessions.approvals import APPROVED, DENIED, state_of
 from sessions.models import Command, CommandState, CommandVerb
 
 from .base import (
@@ -42,9 +44,7 @@ def approve(user, agent_id: str, body: Any, key: str | None = None) -> Outcome:
     key = check_key(key)
     body = body_object(body)
     only(body, ("bindings", "reason"))
-    reason = body.get("reason", "")
-    if not isinstance(reason, str) or len(reason) > REASON_MAX:
-        raise CommandRefused(400, "request.invalid", f"reason must be a text of at most {REASON_MAX} characters.")
+    reason = _reason(body, required=False)
     names = body.get("bindings")
     if names is not None:
         if (not isinstance(names, list) or not names
@@ -54,17 +54,40 @@ def approve(user, agent_id: str, body: Any, key: str | None = None) -> Outcome:
         names = list(dict.fromkeys(names))
     digest = request_hash("approve", agent_id, body)
     return execute(user, key, digest,
-                   partial(_approve, user, agent_id, names, reason.strip(), key, digest))
+                   partial(_approve, user, agent_id, names, reason, key, digest))
 
 
-def _approve(user, agent_id: str, names: list[str] | None, reason: str, key, digest) -> Outcome:
+def deny(user, agent_id: str, body: Any, key: str | None = None) -> Outcome:
+    """{"reason": text} → 202: refuse every held binding the agent waits for. It
+    cannot start without them: the worker ends it as lost (agent.lost, with who
+    and why); its transcript and checkpoints stay. The reason is required."""
+    key = check_key(key)
+    body = body_object(body)
+    only(body, ("reason",))
+    reason = _reason(body, required=True)
+    digest = request_hash("deny", agent_id, body)
+    return execute(user, key, digest, partial(_deny, user, agent_id, reason, key, digest))
+
+
+def _reason(body: dict, required: bool) -> str:
+    reason = body.get("reason", "")
+    if not isinstance(reason, str) or len(reason) > REASON_MAX:
+        raise CommandRefused(400, "request.invalid", f"reason must be a text of at most {REASON_MAX} characters.")
+    if required and not reason.strip():
+        raise CommandRefused(400, "request.invalid",
+                             "Say why (reason): a denial ends the agent, and the why is journaled.")
+    return reason.strip()
+
+
+def _waiting(user, agent_id: str):
+    """The agent (locked) and its open approval request; 404, 403, 409 otherwise."""
     agent = locked(user, agent_id, "agent")  # another workspace's agent: 404 first
     if not may_approve(user):
         raise CommandRefused(
             403, "approval.forbidden",
-            f"Approving held credentials needs a workspace operator: staff, or the permission "
-            f"{APPROVE_PERMISSION} (an admin grants it to a user or a group in the admin). "
-            f"{user.get_username()} has neither.", permission=APPROVE_PERMISSION)
+            f"Approving or denying held credentials needs a workspace operator: staff, or the "
+            f"permission {APPROVE_PERMISSION} (an admin grants it to a user or a group in the "
+            f"admin). {user.get_username()} has neither.", permission=APPROVE_PERMISSION)
     refuse_if_ended(agent)
     state = state_of(agent)
     if not state.waiting:
@@ -73,6 +96,30 @@ def _approve(user, agent_id: str, names: list[str] | None, reason: str, key, dig
             f"Agent {agent.id} is not waiting for a credential approval"
             + (" (it holds no credential for approval)." if not state.held else "."),
         )
+    return agent, state
+
+
+def _done(cmd, fact, body: dict) -> Outcome:
+    """The decision is acted on here (its fact is the act): nothing is left for
+    the worker but to be woken, to start the sandbox or end the agent now."""
+    Command.objects.filter(pk=cmd.pk).update(response_body=body, seq=fact.seq,
+                                            state=CommandState.DONE, acted_at=timezone.now())
+    transaction.on_commit(partial(wake_worker, [cmd.pk]))
+    return Outcome(202, body)
+
+
+def _deny(user, agent_id: str, reason: str, key, digest) -> Outcome:
+    agent, state = _waiting(user, agent_id)
+    names = list(state.missing)
+    cmd = record(user, agent, CommandVerb.DENY, key, digest, 202)
+    fact = journal.append(agent.id, DENIED, {"bindings": names, "by": user.get_username(),
+                                             "reason": reason, "command": cmd.pk})
+    return _done(cmd, fact, {"command": cmd.pk, "agent": agent.id, "verb": "deny",
+                             "seq": fact.seq, "bindings": names, "state": "done"})
+
+
+def _approve(user, agent_id: str, names: list[str] | None, reason: str, key, digest) -> Outcome:
+    agent, state = _waiting(user, agent_id)
     if names is None:
         names = list(state.missing)
     unknown = [n for n in names if n not in state.held]
@@ -86,11 +133,6 @@ def _approve(user, agent_id: str, names: list[str] | None, reason: str, key, dig
     data = {"bindings": names, "by": by, "command": cmd.pk, **({"reason": reason} if reason else {})}
     fact = journal.append(agent.id, APPROVED, data)  # who, and why: the journal keeps both
     waiting = [n for n in state.missing if n not in names]
-    body = {"command": cmd.pk, "agent": agent.id, "verb": "approve", "seq": fact.seq,
-            "bindings": names, "waiting_for": waiting, "state": "done"}
-    # The approval is acted on here (its fact is the act): nothing is left for
-    # the worker but to be woken, so it creates the sandbox now.
-    Command.objects.filter(pk=cmd.pk).update(response_body=body, seq=fact.seq,
-                                            state=CommandState.DONE, acted_at=timezone.now())
-    transaction.on_commit(partial(wake_worker, [cmd.pk]))
-    return Outcome(202, body)
+    return _done(cmd, fact, {"command": cmd.pk, "agent": agent.id, "verb": "approve",
+                             "seq": fact.seq, "bindings": names, "waiting_for": waiting,
+                             "state": "done"})

@@ -1,4 +1,4 @@
-"""Fork, and approve held credentials, from where the operator looks: a checkpoint in the side panel, or a
+"""Fork, and approve or deny held credentials, from where the operator looks: a checkpoint in the side panel, or a
 settled turn in the transcript ("fork from here"), each behind a confirmation
 with a name field. Through sessions.commands.fork, as the API, with the form's
 Idempotency-Key; the new agent's page follows."""
@@ -6,6 +6,7 @@ Idempotency-Key; the new agent's page follows."""
 from __future__ import annotations
 
 from django.contrib import messages
+from django.http import HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
@@ -37,16 +38,30 @@ def fork(request, agent_id: str):
 def approve(request, agent_id: str):
     """Approve the held credentials the agent waits for, with a reason; who
     approved and why are journaled (credential.approved)."""
+    return _decide(request, agent_id, commands.approve, lambda body: (
+        "Approved: the sandbox starts now." if not body.get("waiting_for")
+        else f"Approved; still waiting for {', '.join(body['waiting_for'])}."))
+
+
+@require_POST
+@login_required
+def deny(request, agent_id: str):
+    """Deny the held credentials the agent waits for, with a reason (required);
+    who denied and why are journaled (credential.denied), and the agent ends
+    as lost: it cannot start without them."""
+    return _decide(request, agent_id, commands.deny, lambda body: (
+        f"Denied {', '.join(body.get('bindings') or [])}: the agent cannot start and ends as lost."))
+
+
+def _decide(request, agent_id: str, command, said) -> HttpResponse:
     agent = agent_or_404(request.user, agent_id)
     reason = request.POST.get("reason", "")
     key = request.headers.get("Idempotency-Key") or request.POST.get("idempotency_key") or None
     try:
-        outcome = commands.approve(request.user, agent.id, {"reason": reason}, key)
+        outcome = command(request.user, agent.id, {"reason": reason}, key)
     except commands.CommandRefused as exc:
         response = bad_request(request, exc.message)
         response.status_code = exc.status
         return response
-    waiting = outcome.body.get("waiting_for") or []
-    messages.success(request, "Approved: the sandbox starts now." if not waiting
-                     else f"Approved; still waiting for {', '.join(waiting)}.")
+    messages.success(request, said(outcome.body))
     return redirect("dash-agent", agent_id=agent.id)

@@ -13,6 +13,7 @@ from django.views.decorators.http import require_GET
 from sandboxes.backends import get_backend
 
 from ..access import workspaces_of
+from ..models import ENDED
 from .common import login_required, tree_version, visible_agents
 from .tree_nodes import node_forms, node_summaries, tree_seq, with_last_activity
 
@@ -38,7 +39,8 @@ def tree_context(user) -> dict:
               "cursor": tree_seq(a.last_seq for a in agents if a.workspace_id == w.pk)}
              for w in workspaces]
     return {"workspaces": workspaces, "trees": trees, "version": version,
-            "count": len(agents), **node_forms()}
+            "count": len(agents), "archived_count": sum(a.status in ENDED for a in agents),
+            **node_forms()}
 
 
 def sandbox_notice() -> str | None:

@@ -13,6 +13,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from sessions.access import AGENT_ID
+from sessions.gateway.usage import usage_line
 from sessions.worker.plans import REBUILD_REASONS
 
 register = template.Library()
@@ -219,6 +220,9 @@ _TITLES = {
     "agent.status": "Status",
     "agent.restored": "Restored",
     "agent.lost": "Lost",
+    "credential.approval_requested": "Approval requested",
+    "credential.approved": "Credential approved",
+    "credential.denied": "Credential denied",
     "agent.child_spawned": "Child spawned",
     "agent.checkpointed": "Checkpoint",
     "agent.checkpoint_failed": "Checkpoint failed",
@@ -329,12 +333,17 @@ def event_view(event) -> dict:
         n = data.get("turn")
         view["title"] = {"turn.started": "Turn {}", "turn.finished": "Turn {} finished",
                          "turn.interrupted": "Turn {} interrupted"}[etype].format(n if n is not None else "")
+        view["usage"] = usage_line(data.get("usage")) if etype != "turn.started" else ""
         if etype == "turn.interrupted":
             view["meta"] = str(data.get("reason", "")).replace("_", " ")
             if data.get("text"):
                 view["blocks"] = [_block("text that survived", data["text"], long=True)]
     elif etype == "agent.lost":
         view["text"] = str(data.get("text", "") or data.get("reason", ""))
+    elif etype in ("credential.approved", "credential.denied"):
+        names = ", ".join(str(n) for n in data.get("bindings") or [])
+        view["text"] = f"{names} by {data.get('by', '?')}" + (
+            f": {data['reason']}" if data.get("reason") else "")
     elif etype == "agent.spawned":
         spec = data.get("spec") or {}
         model = spec.get("model", "?") if isinstance(spec, dict) else "?"
@@ -374,3 +383,9 @@ def new_key() -> str:
     import uuid
 
     return str(uuid.uuid4())
+
+
+@register.filter
+def cut_prefix(name: str, path: str) -> str:
+    """A name inside the directory `path`, without the directory (the Files view)."""
+    return name[len(path) + 1:] if path and name.startswith(path + "/") else name

@@ -120,7 +120,7 @@ SCHEMAS: dict[str, dict[str, Check | Optional]] = {
     "turn.interrupted": {**_TURN_TEXT, "reason": _word,
                          "undelivered_steers": Optional(_strings(MAX_TEXT))},
     "tool.dispatched": {**_CALL, "input": _json(MAX_OBJECT, dict)},
-    "tool.result": {**_CALL, "output": TEXT, "exit_code": _int, "is_error": _bool,
+    "tool.result": {**_CALL, "output": TEXT, "exit_code": _int, "is_error": _bool, "stderr": Optional(TEXT),
                     "interrupted": Optional(_bool)},
     "request.spawn": {**_REQUEST, "prompt": _nullable(TEXT), "spec": Optional(_json(MAX_OBJECT, dict))},
     "request.memory": {**_REQUEST, "op": _nullable(_text(16)), "key": _nullable(_json(MAX_NAME)),

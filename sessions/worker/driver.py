@@ -191,6 +191,9 @@ class AgentDriver:
         # Held credentials: no sandbox (and no secret) before an operator
         # approved them; approval_requested is journaled and we wait.
         if not await _approved(self.agent_id, approvals.FIRST_START):
+            denied = await _denial(self.agent_id)
+            if denied:  # an operator refused: it cannot start (run() settles its commands)
+                await ladder.lose(self.info, denied)
             return False
         # Then a free sandbox slot of the workspace, or the status says it waits.
         if not await _slot(self.agent_id):
@@ -419,4 +422,5 @@ def held_by_test(agent_id: str) -> bool:
 
 
 _approved = database_sync_to_async(approvals.ensure_approved)
+_denial = database_sync_to_async(approvals.denial)
 _slot = database_sync_to_async(slots.claim)

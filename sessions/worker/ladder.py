@@ -214,6 +214,9 @@ async def _fresh(info: AgentInfo, backend: SandboxBackend, link: BridgeLink, why
     # A fresh sandbox gets the bound secrets again: held ones need a new approval.
     if not await database_sync_to_async(approvals.ensure_approved)(info.id,
                                                                     approvals.SANDBOX_REPLACED):
+        denied = await database_sync_to_async(approvals.denial)(info.id)
+        if denied:
+            await lose(info, denied)  # an operator refused the credentials it needs
         raise AwaitingApproval(
             f"sandbox {old[:16]} is gone ({why}); its replacement waits for a credential approval")
     plan, new_sid = await _build_with_fallbacks(info, backend, why)
@@ -253,7 +256,7 @@ async def _build_with_fallbacks(info: AgentInfo, backend: SandboxBackend,
             continue
         except ImageMissing as exc:
             if not await asyncio.to_thread(_rebuild_image, info.spec):
-                await _lose(info, f"image_missing: {exc}"[:500])
+                await lose(info, f"image_missing: {exc}"[:500])
             last_error = str(exc)
         except Exception as exc:  # noqa: BLE001 - counted; the third in a row is lost
             last_error = f"{type(exc).__name__}: {exc}"
@@ -261,7 +264,7 @@ async def _build_with_fallbacks(info: AgentInfo, backend: SandboxBackend,
         log.warning("agent %s: creating a sandbox failed (%d/%d): %s", info.id, failures,
                     CREATE_ATTEMPTS, last_error)
         if failures >= CREATE_ATTEMPTS:
-            await _lose(info, f"sandbox_create_failed: {last_error}"[:500])
+            await lose(info, f"sandbox_create_failed: {last_error}"[:500])
         await asyncio.sleep(min(2.0, 0.5 * failures))
 
 
@@ -308,7 +311,8 @@ async def provision_fork(info: AgentInfo, backend: SandboxBackend, origin: dict)
     return Recovered(backend, new_sid, cursor, session)
 
 
-async def _lose(info: AgentInfo, reason: str) -> None:
+async def lose(info: AgentInfo, reason: str) -> None:
+    """The last rung: journal agent.lost (settling a dangling turn) and raise AgentLost."""
     await _commit_lost(info.id, info.sandbox_id, reason)
     log.error("agent %s: lost (%s)", info.id, reason)
     raise AgentLost(reason)

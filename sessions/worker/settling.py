@@ -90,7 +90,8 @@ def seed_conversation(events) -> dict:
                 "role": "tool", "tool_call_id": call_id, "name": str(d.get("name") or ""),
                 "output": out if isinstance(out, str) else json.dumps(out),
                 "exit_code": _int(d.get("exit_code")), "is_error": bool(d.get("is_error")),
-                "interrupted": bool(d.get("interrupted"))})
+                "interrupted": bool(d.get("interrupted")),
+                **({"stderr": d["stderr"]} if isinstance(d.get("stderr"), str) and d["stderr"] else {})})
         elif t == "turn.interrupted":
             if partial:
                 msgs.append({"role": "assistant", "text": partial, "tool_calls": [],

@@ -89,11 +89,18 @@
     actions.appendChild(p);
     return true;
   }
-  document.addEventListener("htmx:sendError", function (e) {
+  // Heard on the form itself, not on document: htmx fires a request's events on
+  // the element that sent it, and from a form no longer in the page (a redraw
+  // took it out) they never bubble up to document. No answer is still said.
+  document.addEventListener("htmx:beforeRequest", function (e) {
     var form = e.detail.elt.closest ? e.detail.elt.closest("form") : null;
-    if (form) notSent(form);
-    A.setAway("poll", true);
+    if (!form || form.dataset.answerWatched) return;
+    form.dataset.answerWatched = "1";
+    ["htmx:sendError", "htmx:timeout"].forEach(function (name) {
+      form.addEventListener(name, function () { notSent(form); A.setAway("poll", true); });
+    });
   });
+  document.addEventListener("htmx:sendError", function () { A.setAway("poll", true); });
   document.addEventListener("htmx:afterRequest", function (e) {
     var xhr = e.detail.xhr;
     if (xhr && xhr.status > 0 && xhr.status < 500) A.setAway("poll", false);
@@ -142,6 +149,9 @@
     if (!target || !target.classList) return;
     if (A.busy(target)) { e.preventDefault(); return; }  // a form open or focused there
     if (!target.classList.contains("actions")) return;
+    // A command of its own in flight: its answer redraws these buttons (a redraw
+    // now would take its form out of the page and lose the answer).
+    if (target.querySelector(".htmx-request")) { e.preventDefault(); return; }
     var note = target.querySelector(":scope > .note");
     if (note && fresh && !fresh.querySelector(".note")) fresh.appendChild(note.cloneNode(true));
   });
@@ -502,7 +512,21 @@
     }).catch(function () { self.loadingOlder = false; });
   };
 
+  // The tree keeps ended agents (and ended subtrees) out of the way unless asked (CSS:
+  // .tree-wrap.show-archived); the choice is remembered.
+  function archivedToggle() {
+    var toggle = document.getElementById("show-archived"), tree = document.getElementById("tree");
+    if (!toggle || !tree) return;
+    try { toggle.checked = localStorage.getItem("alineo.showArchived") === "1"; } catch (err) { /* private mode */ }
+    function apply() {
+      tree.classList.toggle("show-archived", toggle.checked);
+      try { localStorage.setItem("alineo.showArchived", toggle.checked ? "1" : "0"); } catch (err) { /* ignore */ }
+    }
+    toggle.addEventListener("change", apply); apply();
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
+    archivedToggle();
     var box = document.getElementById("transcript");
     if (box) A.transcript = new Transcript(box);
     A.trees = [];

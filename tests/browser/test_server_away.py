@@ -26,6 +26,30 @@ def test_a_command_that_got_no_answer_says_not_sent(server, actor, page):
     assert page.locator(f"#actions-{agent} .note-success").count() == 0
 
 
+
+def test_a_command_redrawn_while_in_flight_still_says_not_sent(server, actor, page):
+    """The race behind an intermittent failure: the page's 2 s poll redrew the
+    buttons out of band while a command was in flight, so the answer (here: no
+    answer at all) went to a form no longer in the page, and nothing was said.
+    The request is held until the poll has had its chance to redraw."""
+    agent = server.create_agent(actor, RUNNING)
+    page.goto(f"{server.url}/agents/{agent}/")
+    page.locator("#transcript[data-state=live]").wait_for()
+    held = []
+    page.route(f"**/agents/{agent}/pause", lambda route: held.append(route))
+    page.click(f"#pause-{agent}")
+    for _ in range(300):  # the request reaches the route (bounded: 15 s)
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert held, "the Pause request never left the page"
+    seq = server.note(agent, "a fact from elsewhere: the page's poll redraws")
+    page.locator("#agent-live", has_text=f"{seq} events").wait_for()  # the poll answered
+    held[0].abort("connectionrefused")
+    page.locator(f"#actions-{agent} .note-error", has_text="Not sent").wait_for()
+    assert page.locator(f"#actions-{agent} .note-success").count() == 0
+
+
 def test_both_pages_say_the_server_is_away_and_recover(server, actor, page, new_page):
     agent = server.create_agent(actor, RUNNING)
     page.goto(f"{server.url}/agents/{agent}/")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+from .. import conversation as conv
 from ..cancel import CancelToken
 from .base import ConnectionLost, ModelError, OnDelta, Provider, StepRequest, StepResult, ToolCall
 from .http import DEFAULT_TIMEOUT, SSEStream, parse_json, redact
@@ -80,7 +81,7 @@ def _blocks(m: dict) -> tuple[str, list[dict]]:
                    for c in m.get("tool_calls", ())]
         return "assistant", blocks
     return "user", [{"type": "tool_result", "tool_use_id": m["tool_call_id"],
-                     "content": m["output"], "is_error": bool(m.get("is_error"))}]
+                     "content": conv.model_output(m), "is_error": bool(m.get("is_error"))}]
 
 
 class _Accumulator:

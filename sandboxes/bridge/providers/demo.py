@@ -67,7 +67,8 @@ def _plan(planned: directives.Plan, turn: int, step: int) -> StepResult:
 def _summary(results: list[dict]) -> str:
     lines = []
     for r in results:
-        first = (r["output"].strip().splitlines() or [""])[0][:120]
+        said = r["output"].strip() or str(r.get("stderr") or "").strip()  # stdout, else stderr
+        first = (said.splitlines() or [""])[0][:120]
         state = "was interrupted" if r.get("interrupted") else f"exited {r['exit_code']}"
         lines.append(f"- {r['name']} {state}" + (f": {first}" if first else ""))
     return "[demo] Done.\n" + "\n".join(lines)

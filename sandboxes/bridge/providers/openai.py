@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 
+from .. import conversation as conv
 from ..cancel import CancelToken
 from .base import ConnectionLost, ModelError, OnDelta, Provider, StepRequest, StepResult, ToolCall
 from .http import DEFAULT_TIMEOUT, SSEStream, parse_json, redact
@@ -79,7 +80,7 @@ def to_openai(request: StepRequest) -> list[dict]:
                 continue  # an empty interrupted reply says nothing
             out.append(msg)
         else:
-            out.append({"role": "tool", "tool_call_id": m["tool_call_id"], "content": m["output"]})
+            out.append({"role": "tool", "tool_call_id": m["tool_call_id"], "content": conv.model_output(m)})
     return out
 
 

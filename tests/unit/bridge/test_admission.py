@@ -62,6 +62,13 @@ def test_a_seeded_bridge_and_a_model_error_are_admitted(make_bridge, model_serve
     _all_admitted(events)
 
 
+def test_a_tool_result_with_stderr_apart_is_admitted(make_bridge):
+    events = make_bridge().client.run_turn("run: echo out; echo oops >&2")
+    result = next(e["data"] for e in events if e["type"] == "tool.result")
+    assert (result["output"], result["stderr"]) == ("out\n", "oops\n")
+    _all_admitted(events)
+
+
 @pytest.mark.parametrize("etype, data, why", [
     ("command.prompt", {"text": "run: id", "by": "admin", "command": 1}, "not an event"),
     ("credential.approved", {"bindings": ["prod"], "by": "admin"}, "not an event"),
@@ -77,6 +84,8 @@ def test_a_seeded_bridge_and_a_model_error_are_admitted(make_bridge, model_serve
     ("message.delta", {"turn": 1, "text": "x" * (admission.MAX_TEXT + 1)}, "text is longer"),
     ("tool.result", {"turn": 1, "tool_call_id": "c", "name": "bash", "output": "o",
                      "exit_code": 0, "is_error": "no"}, "is_error must be true or false"),
+    ("tool.result", {"turn": 1, "tool_call_id": "c", "name": "bash", "output": "o",
+                     "exit_code": 0, "is_error": False, "stderr": 5}, "stderr must be"),
     ("tool.dispatched", {"turn": 1, "tool_call_id": "c", "name": "bash", "input": []},
      "input must be a JSON object"),
     ("turn.interrupted", {"turn": 1, "text": "", "reason": "Because!"}, "reason must be"),

@@ -46,7 +46,8 @@ def test_bash_sees_its_tool_call_id(make_bridge):
 def test_failing_command_reports_its_exit_code(make_bridge):
     events = make_bridge().client.run_turn("run: echo oops >&2; exit 3")
     result = next(e["data"] for e in events if e["type"] == "tool.result")
-    assert (result["exit_code"], result["is_error"], result["output"].strip()) == (3, True, "oops")
+    assert (result["exit_code"], result["is_error"], result["output"], result["stderr"]) == (
+        3, True, "", "oops\n")  # stderr apart from stdout
     assert "exited 3" in events[-1]["data"]["text"]
 
 

@@ -29,7 +29,10 @@ pytestmark = pytest.mark.django_db
 VERBS = ["prompt", "steer", "interrupt", "pause", "resume", "stop"]
 MY_SB, FOREIGN_SB = "sb_" + "1" * 16, "sb_" + "2" * 16  # the scene's sandbox sessions
 SANDBOX_PAGES = [f"/sandboxes/{MY_SB}/", f"/sandboxes/{FOREIGN_SB}/"]
-GET_TAILS = ["/", "/live", "/rows", "/rows/", "/prompt"]
+GET_TAILS = ["/", "/live", "/rows", "/rows/", "/prompt", "/files"]
+GET_PAGES = ["/", "/tree", "/agents/new", "/accounts/login/", "/agents/", "/nope", "/sandboxes/",
+             "/sandboxes/sb_0000000000000000/", "/usage", *SANDBOX_PAGES]
+POST_VERBS = VERBS + ["fork", "approve", "deny", "reattach"]
 # Digits no client means: superscript two, Arabic-Indic three, fullwidth one,
 # mathematical bold one, Devanagari five; and numbers past every limit.
 ODD_DIGITS = ["²", "٣", "１", "𝟙", "५", "1²", "-1", "+1", " 1", "1.0", "1e3", "0x10", "9" * 19,
@@ -83,12 +86,13 @@ def get_requests(draw, ids):
     junk = quote(draw(st.text(max_size=8)), safe="") or "x"
     agent_id = draw(st.sampled_from([*ids[:2] * 4, ids[2], "ag_missing", junk]))
     path = draw(st.one_of(
-        st.sampled_from(["/", "/tree", "/agents/new", "/accounts/login/", "/agents/", "/nope",
-                         "/sandboxes/", "/sandboxes/sb_0000000000000000/", *SANDBOX_PAGES]),
+        st.sampled_from(GET_PAGES),
         st.sampled_from(GET_TAILS).map(lambda tail: f"/agents/{agent_id}{tail}"),
         st.just(f"/agents/{agent_id}/rows"),
     ))
-    pairs = draw(st.lists(st.tuples(st.sampled_from(["after", "before", "v", "parent", "next", "x"]),
+    keys = ["after", "before", "v", "parent", "next", "x", "q", "status", "sort", "page",
+            "path", "checkpoint", "changes", "diff", "days"]
+    pairs = draw(st.lists(st.tuples(st.sampled_from(keys),
                                     hostile_text), max_size=3))
     query = "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in pairs)
     # Percent sequences that are not UTF-8, and separators without names.
@@ -102,7 +106,7 @@ def post_requests(draw, ids):
     path = draw(st.one_of(
         st.just("/agents/new"),
         st.just("/accounts/login/"),
-        st.sampled_from(VERBS + ["fork", "approve", "reattach"]).map(lambda v: f"/agents/{agent_id}/{v}"),
+        st.sampled_from(POST_VERBS).map(lambda v: f"/agents/{agent_id}/{v}"),
     ))
     fields = draw(st.dictionaries(
         st.sampled_from(["example", "spec", "prompt", "parent", "text", "idempotency_key",
@@ -256,3 +260,20 @@ def test_an_odd_cursor_gets_the_readable_400_page(logged_in, make_agent, query):
     assert response.status_code == 400
     assert response.templates[0].name == "400.html"
     assert "digits 0-9" in response.content.decode()
+
+
+def test_every_dashboard_route_is_thrown_at():
+    """A new dashboard route must join the lists above (else it is never fuzzed)."""
+    from django.urls import Resolver404, resolve
+
+    from sessions.urls import urlpatterns
+
+    thrown = set()
+    for path in [*GET_PAGES, *(f"/agents/ag_x{t}" for t in GET_TAILS),
+                 *(f"/agents/ag_x/{v}" for v in POST_VERBS)]:
+        try:
+            thrown.add(resolve(path).url_name)
+        except Resolver404:
+            pass
+    assert {p.name for p in urlpatterns} - thrown == set()
+
