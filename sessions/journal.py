@@ -110,7 +110,8 @@ def append_many(agent_id: str, facts: Iterable[Fact]) -> list[EventRecord]:
         if held is not None:
             leases.check(held)
         records = _write(agent_id, items)
-        transaction.on_commit(lambda: _committed([agent_id]))
+        # No hand-off of the records: the caller may change their dicts before its block commits.
+        transaction.on_commit(lambda: _committed({agent_id: []}))
         return records
     if held is not None or db.execute_wrappers or db.force_debug_cursor:
         return _append_here(agent_id, items, held)
@@ -131,7 +132,7 @@ def _append_here(agent_id: str, items: list[tuple[str, dict, str]],
         if isinstance(error, JournalUnavailable):
             note_unwritable(agent_id, exc)
         raise error from exc
-    _committed([agent_id])
+    _committed({agent_id: records})
     return records
 
 
@@ -323,7 +324,7 @@ committer = GroupCommitter(
     commit_groups=lambda groups, before_commit: _commit_groups(groups, before_commit),
     translate=lambda exc: _translate(exc),
     unwritable=lambda agent_id, exc: note_unwritable(agent_id, exc),
-    committed=lambda agent_ids: _committed(agent_ids),
+    committed=lambda written: _committed(written),
     close_connection=lambda: _close_connection(),
     refused=(JournalError, IntegrityError, DatabaseError),
 )
@@ -450,11 +451,22 @@ def note_unwritable(agent_id: str, exc: BaseException) -> None:
     log.error("agent %s is unrecoverable: %s", agent_id, _unwritable_marks[agent_id])
 
 
-def _committed(agent_ids: list[str]) -> None:
-    for agent_id in agent_ids:
+#: Called on the committing thread right after each commit, before its callers
+#: resume, with {agent_id: its records}: the serving process's streams take
+#: them without a read (sessions/api/tails.py). Must not raise or block.
+COMMITTED: list = []
+
+
+def _committed(written: dict[str, list[EventRecord]]) -> None:
+    for agent_id in written:
         if _unwritable_marks.pop(agent_id, None) is not None:
             log.warning("agent %s: the transcript is writable again", agent_id)
-    wakeups.notify(agent_ids)
+    for listener in COMMITTED:
+        try:
+            listener(written)
+        except Exception:  # a hand-off is best effort: the wake-up's read covers it
+            log.warning("journal: a commit listener failed", exc_info=True)
+    wakeups.notify(list(written))
 
 
 def unrecoverable_reason(agent_id: str) -> str | None:
