@@ -110,8 +110,10 @@ def append_many(agent_id: str, facts: Iterable[Fact]) -> list[EventRecord]:
         if held is not None:
             leases.check(held)
         records = _write(agent_id, items)
-        # No hand-off of the records: the caller may change their dicts before its block commits.
-        transaction.on_commit(lambda: _committed({agent_id: []}))
+        # The caller may change its dicts before its block commits: hand over copies, as written.
+        kept = [EventRecord(r.agent_id, r.seq, r.type, json.loads(text), r.ts)
+                for r, (_, _, text) in zip(records, items)] if COMMITTED else []
+        transaction.on_commit(lambda: _committed({agent_id: kept}))
         return records
     if held is not None or db.execute_wrappers or db.force_debug_cursor:
         return _append_here(agent_id, items, held)

@@ -18,6 +18,7 @@ import asyncio
 
 import pytest
 from channels.db import database_sync_to_async
+from django.db import transaction
 
 from sessions import journal, wakeups
 from sessions.api import tails
@@ -226,5 +227,40 @@ async def test_rows_that_do_not_follow_the_tail_are_left_to_the_read(agent, owne
         await append(agent.id, facts(1, start=4))
         for client in clients:
             assert await client.until(4) == [1, 2, 3, 4]
+    finally:
+        await closing(clients)
+
+
+async def test_facts_of_an_atomic_block_are_handed_over_as_written_once_it_commits(
+        agent, owner_token, many_streams, settings, monkeypatch):
+    settings.ALINEO_SSE_HEARTBEAT_S = 600
+    await append(agent.id, facts(1))
+    clients = [Client(agent.id, owner_token).start() for _ in range(3)]
+
+    @database_sync_to_async
+    def in_a_block(rolled_back: bool) -> None:
+        data = {"text": "as written"}
+        try:
+            with transaction.atomic():
+                journal.append(agent.id, "message.user", data)
+                data["text"] = "changed after the append"
+                if rolled_back:
+                    raise RuntimeError("roll back")
+        except RuntimeError:
+            pass
+
+    try:
+        for client in clients:
+            await client.until(1)
+        await asyncio.sleep(0.1)
+        monkeypatch.setattr(wakeups, "notify", lambda ids: None)  # only the hand-off delivers
+        tail = tails.TAILS.by_agent[agent.id]
+        handed = tail.handed
+        await in_a_block(rolled_back=True)
+        await in_a_block(rolled_back=False)
+        for client in clients:
+            assert await client.until(2) == [1, 2]
+            assert b'"as written"' in client.body and b"changed after" not in client.body
+        assert tail.handed == handed + 1
     finally:
         await closing(clients)
