@@ -61,7 +61,7 @@ class DirectWriter:
     def __init__(self, request, transport):
         self.request, self.transport = request, transport
 
-    def write(self, data: bytes) -> bool:
+    def write(self, data: bytes, framed: bytes | None = None) -> bool:
         """True: the chunk is sent, or queued in Twisted after what it holds.
         False: write it through ASGI (the response is no longer a plain
         chunked one in flight: finished, disconnected, not chunked)."""
@@ -70,7 +70,7 @@ class DirectWriter:
             return False
         if not tr.connected or tr.disconnecting:
             return False
-        frame = b"%x\r\n%s\r\n" % (len(data), data)
+        frame = framed if framed is not None else chunk(data)
         req.sentLength += len(data)
         if len(tr.dataBuffer) - tr.offset or tr._tempDataLen:
             tr.write(frame)  # Twisted holds unsent bytes: after them
@@ -84,6 +84,11 @@ class DirectWriter:
         if n < len(frame):
             tr.write(frame[n:])
         return True
+
+
+def chunk(data: bytes) -> bytes:
+    """``data`` as one HTTP/1.1 chunk, as Twisted frames it (``toChunk``)."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
 
 
 def writer(scope) -> DirectWriter | None:

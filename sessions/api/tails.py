@@ -29,6 +29,7 @@ really sent (see sessions/api/stream.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 from collections import deque
@@ -42,6 +43,7 @@ from django.db import DatabaseError
 
 from sessions import journal, sbjournal, wakeups
 
+from .direct import chunk
 from .frames import format_event, format_reset
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,11 @@ class Rows:
     @property
     def last(self) -> int:
         return self.pieces[-1][0]
+
+    @functools.cached_property
+    def chunk(self) -> bytes:
+        """``blob`` framed as one HTTP/1.1 chunk, once for every stream (sessions/api/direct.py)."""
+        return chunk(self.blob)
 
     def after(self, cursor: int) -> "Rows | None":
         """Only the rows with seq > cursor (None: none)."""
