@@ -16,6 +16,7 @@ from channels.routing import ChannelNameRouter, ProtocolTypeRouter, URLRouter  #
 from django.conf import settings  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
+from sessions.api.direct import DirectWrites  # noqa: E402
 from sessions.api.stream import SandboxSessionStream, TranscriptStream  # noqa: E402
 from sessions.api.tree_stream import TreeStream  # noqa: E402
 from sessions.worker.consumer import WorkerConsumer  # noqa: E402
@@ -28,7 +29,8 @@ SANDBOX_STREAM_ROUTE = r"^api/sandboxes/(?P<agent_id>[^/]+)/stream/?$"
 
 application = ProtocolTypeRouter(
     {
-        "http": URLRouter(
+        # Outermost: daphne's request object for the streams' direct writes.
+        "http": DirectWrites(URLRouter(
             [
                 re_path(DEFAULT_TREE_STREAM_ROUTE, AuthMiddlewareStack(TreeStream.as_asgi())),
                 re_path(TREE_STREAM_ROUTE, AuthMiddlewareStack(TreeStream.as_asgi())),
@@ -36,7 +38,7 @@ application = ProtocolTypeRouter(
                 re_path(SANDBOX_STREAM_ROUTE, AuthMiddlewareStack(SandboxSessionStream.as_asgi())),
                 re_path(r"", django_asgi_app),
             ]
-        ),
+        )),
         "channel": ChannelNameRouter({settings.ALINEO_WORKER_CHANNEL: WorkerConsumer.as_asgi()}),
     }
 )

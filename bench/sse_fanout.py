@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
+import shutil
+import socket
 import subprocess
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -31,8 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import _common as C  # noqa: E402
-from bench._sse_client import Stream, http_post  # noqa: E402
-from bench.sse_latency import parse_ts, proc_status, quiesce, raise_fd_limit, with_server  # noqa: E402
+from bench._fan_client import FanClient  # noqa: E402
+from bench._sse_client import http_post  # noqa: E402
+from bench.sse_latency import cpu_ticks, proc_status, quiesce, raise_fd_limit, with_server  # noqa: E402
 
 SIZES = (200, 1000)
 TARGET_P99_MS = 50.0
@@ -41,47 +44,46 @@ PEERS = Path(os.environ.get("BENCH_PEERS_DIR", ROOT.parent / "shared" / "peers")
 PAD = "x" * 500
 
 
-# --- ours -------------------------------------------------------------------------------
+# --- ours ---------------------------------------------------------------------------------
 
-async def step(port: int, token: str, agent: str, streams: list[Stream], i: int) -> int:
-    status, body = await http_post(port, f"/api/agents/{agent}/prompt", token, {"text": f"say: {i} {PAD}"})
-    if status != 202 or "seq" not in body:
-        raise RuntimeError(f"prompt answered {status}: {body}")
-    await asyncio.wait_for(asyncio.gather(*(s.wait_for(body["seq"]) for s in streams)), 20)
-    return body["seq"]
+def stream_request(agent: str, token: str) -> bytes:
+    return (f"GET /api/agents/{agent}/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n").encode()
 
 
-def latencies(streams: list[Stream], first: int, last: int) -> list[float]:
-    out = []
-    for s in streams:
-        for seq, (t_recv, data) in s.received.items():
-            if first <= seq <= last and "ts" in data:
-                out.append((t_recv - parse_ts(data["ts"])) * 1000)
-    return out
+def summarise(client: FanClient, first: int, cpu_before: float, seconds: float, server_cpu: float) -> dict:
+    """p50/p99 of commit -> receipt over every (stream, fact) from seq `first` on."""
+    per_stream, cpu = client.collect()
+    last = min(max((q for q, _ in got), default=0) for got in per_stream)
+    lat = [ms for got in per_stream for q, ms in got if first <= q <= last]
+    seen = [{q for q, _ in got} for got in per_stream]
+    missing = sum(1 for got in seen for q in range(first, last + 1) if q not in got)
+    facts = last - first + 1
+    return {"n": len(lat), "facts": facts, "p50": C.pct(lat, 50), "p99": C.pct(lat, 99),
+            "max": max(lat) if lat else float("nan"), "missing": missing,
+            "client_cpu_ms": (cpu - cpu_before) * 1000 / max(1, facts),
+            "server_cpu_ms": server_cpu * 1000 / max(1, facts), "seconds": seconds}
 
 
-async def measure(live, token: str, agent: str, streams: list[Stream], steps: int) -> dict:
+async def measure(live, token: str, agent: str, client: FanClient, steps: int) -> dict:
     await quiesce(live.pid)
+    _, cpu0 = client.collect()
+    ticks0, t0 = cpu_ticks(live.pid), time.monotonic()
     seqs = []
     for i in range(steps):
-        seqs.append(await step(live.port, token, agent, streams, i))
+        status, body = await http_post(live.port, f"/api/agents/{agent}/prompt", token, {"text": f"say: {i} {PAD}"})
+        if status != 202 or "seq" not in body:
+            raise RuntimeError(f"prompt answered {status}: {body}")
+        seqs.append(body["seq"])
+        if client.wait(f"id: {body['seq']}\n".encode()):
+            raise RuntimeError(f"a stream did not get seq {body['seq']} within 20 s")
         await asyncio.sleep(0.05)
     await asyncio.sleep(1.0)  # the turns' trailing facts
-    last = min(max(s.received) for s in streams)
-    lat = latencies(streams, seqs[0], last)
-    return {"n": len(lat), "facts": last - seqs[0] + 1, "p50": C.pct(lat, 50), "p99": C.pct(lat, 99),
-            "max": max(lat), "missing": sum(1 for s in streams for q in range(seqs[0], last + 1)
-                                            if q not in s.received)}
+    server_cpu = (cpu_ticks(live.pid) - ticks0) / os.sysconf("SC_CLK_TCK")
+    return summarise(client, seqs[0], cpu0, time.monotonic() - t0, server_cpu)
 
 
-async def open_streams(port: int, token: str, agent: str, count: int) -> list[Stream]:
-    streams = [Stream(port, agent, token) for _ in range(count)]
-    for k in range(0, count, 25):
-        await asyncio.gather(*(s.open() for s in streams[k:k + 25]))
-    return streams
-
-
-async def ours(live, steps: int) -> dict:
+async def ours(live, steps: int, procs: int) -> dict:
     actor = live.create_actor("fanout")
     live.set_quotas(actor, max_streams_per_user=max(SIZES) + 32)
     agent = live.django(
@@ -91,63 +93,129 @@ async def ours(live, steps: int) -> dict:
         f"ws = Workspace.objects.get(name={actor.workspace!r})\n"
         "result = Agent.objects.create(workspace=ws, created_by=user, spec={'model': 'demo'}).id\n")
     out: dict = {}
-    warm = await open_streams(live.port, actor.token, agent, 5)
-    for i in range(5):
-        await step(live.port, actor.token, agent, warm, i)
-    await asyncio.sleep(1.0)
-    out["before"] = proc_status(live.pid)
-    streams = warm
-    for size in SIZES:
-        streams += await open_streams(live.port, actor.token, agent, size - len(streams))
-        out[size] = await measure(live, actor.token, agent, streams, steps)
-        out[f"stat{size}"] = proc_status(live.pid)
-    for s in streams:
-        await s.close()
+    client = FanClient(procs)
+    try:
+        request = stream_request(agent, actor.token)
+        client.open(live.port, request, 4, "alineo")
+        for i in range(5):
+            _, body = await http_post(live.port, f"/api/agents/{agent}/prompt", actor.token, {"text": f"say: {i}"})
+            client.wait(f"id: {body['seq']}\n".encode())
+        await asyncio.sleep(1.0)
+        out["before"] = proc_status(live.pid)
+        for size in SIZES:
+            client.open(live.port, request, size - client.count, "alineo")
+            out[size] = await measure(live, actor.token, agent, client, steps)
+            out[f"stat{size}"] = proc_status(live.pid)
+    finally:
+        client.close()
     return out
 
 
-# --- the peer -------------------------------------------------------------------------------
+# --- the peer, read by the same client --------------------------------------------------------
 
 def peer_python() -> str | None:
     py = os.environ.get("BENCH_ES_PYTHON", "/tmp/es-venv/bin/python")
-    return py if Path(py).exists() and (PEERS / "eventstream_bench.py").exists() else None
+    return py if Path(py).exists() and (PEERS / "eventstream_project").is_dir() else None
 
 
-def peer(clients: int, events: int) -> dict:
-    py = peer_python()
-    out = subprocess.run(
-        [py, "eventstream_bench.py", "--clients", str(clients), "--events", "20", "--fan-events", str(events),
-         "--missed", "50", "--deadline", "300"],
-        cwd=PEERS, capture_output=True, text=True, timeout=400)
-    if out.returncode:
-        raise RuntimeError(f"eventstream_bench.py failed: {out.stderr[-2000:]}")
-    return parse_peer(out.stdout)
+def peer_post(port: int, k: int) -> None:
+    body = f"channel=fan&k={k}&pad={len(PAD)}".encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+        s.sendall(b"POST /send/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-www-form-urlencoded"
+                  b"\r\nConnection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        resp = b""
+        while data := s.recv(65536):
+            resp += data
+    if b" 200 " not in resp.split(b"\r\n", 1)[0]:
+        raise RuntimeError(f"peer send failed: {resp[:300]!r}")
 
 
-def parse_peer(text: str) -> dict:
-    fan = re.search(r"\(1b\) fan-out.*?\n\|---.*?\n\| ([\d.]+) \| ([\d.]+) \|", text, re.S)
-    stats = re.search(r"\| \d+ fan-out clients, after \d+ events \| ([\d.]+) \| (\d+) \| (\d+) \|", text)
-    if not fan:
-        raise RuntimeError(f"cannot read the peer's fan-out row:\n{text[-2000:]}")
-    res = {"p50": float(fan.group(1)), "p99": float(fan.group(2))}
-    if stats:
-        res.update(rss_mib=float(stats.group(1)), threads=int(stats.group(2)), fds=int(stats.group(3)))
-    return res
+def peer(steps: int, procs: int) -> dict:
+    """django-eventstream (daphne, SQLite) from ../shared/peers/eventstream_project:
+    SIZES clients on one channel, one send_event (500 bytes of padding) per step."""
+    py, project = peer_python(), PEERS / "eventstream_project"
+    tmp = Path(tempfile.mkdtemp(prefix="es-fan-"))
+    env = dict(os.environ, ES_DB=str(tmp / "db.sqlite3"), DJANGO_SETTINGS_MODULE="esbench.settings",
+               PYTHONPATH=str(project))
+    subprocess.run([py, "manage.py", "migrate", "-v", "0"], cwd=project, env=env, check=True, timeout=120)
+    port = free_port()
+    daphne = str(Path(py).parent / "daphne")
+    srv = subprocess.Popen(["timeout", "-s", "TERM", str(int(DEADLINE_S)), daphne, "-b", "127.0.0.1",
+                            "-p", str(port), "-v", "0", "esbench.asgi:application"], cwd=project, env=env,
+                           stdout=open(tmp / "daphne.log", "w"), stderr=subprocess.STDOUT)
+    client = FanClient(procs)
+    out: dict = {}
+    try:
+        wait_port(port)
+        pid = server_pid(srv.pid)
+        request = b"GET /events/fan/ HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n"
+        k = 0
+        for size in SIZES:
+            client.open(port, request, size - client.count, "peer")
+            time.sleep(1.0)
+            _, cpu0 = client.collect()
+            ticks0, t0 = cpu_ticks(pid), time.monotonic()
+            first = k + 1
+            for _ in range(2 * steps):
+                k += 1
+                peer_post(port, k)
+                if client.wait(f'"k": {k},'.encode()):
+                    raise RuntimeError(f"a peer client did not get k={k} within 20 s")
+                time.sleep(0.05)
+            server_cpu = (cpu_ticks(pid) - ticks0) / os.sysconf("SC_CLK_TCK")
+            r = summarise(client, first, cpu0, time.monotonic() - t0, server_cpu)
+            r.update(proc_status(pid))
+            out[size] = r
+    finally:
+        client.close()
+        srv.terminate()
+        try:
+            srv.wait(10)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int) -> None:
+    for _ in range(300):
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("the peer's daphne did not answer")
+
+
+def server_pid(pid: int) -> int:
+    """daphne under `timeout`: the child's pid."""
+    kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return int(kids[0]) if kids else pid
 
 
 # --- rows -------------------------------------------------------------------------------------
+
+def detail(r: dict, size: int) -> str:
+    return (f"{r['n']} receipts ({r['facts']} facts x {size} streams), missing {r['missing']}, max "
+            f"{r['max']:.0f} ms, CPU per fact server {r['server_cpu_ms']:.1f} / client {r['client_cpu_ms']:.1f} ms")
+
 
 def rows(m: dict, peers: dict[int, dict], skipped: str) -> list[dict]:
     out = []
     for size in SIZES:
         r, p = m[size], peers.get(size)
-        detail = (f"{r['n']} receipts ({r['facts']} facts x {size} streams), missing {r['missing']}, max "
-                  f"{r['max']:.0f} ms; p50 {r['p50']:.1f} ms (peer {p['p50']:.1f} ms)" if p else skipped)
+        note = f"ours: {detail(r, size)}; " + (f"peer: {detail(p, size)}" if p else skipped)
         target = f"<= peer{' and <= 50 ms' if size == 1000 else ''}"
         ok = p is not None and r["p99"] <= p["p99"] and (size != 1000 or r["p99"] <= TARGET_P99_MS)
         out.append(C.row(f"sse fan-out: {size} streams on one agent, p99 vs django-eventstream",
                          r["p99"], p["p99"] if p else None, r["p99"] / p["p99"] if p else None,
-                         target, ok if p else "skipped", "ms", detail))
+                         target, ok if p else "skipped", "ms", note))
         out.append(C.row(f"sse fan-out: {size} streams on one agent, p50 vs django-eventstream",
                          r["p50"], p["p50"] if p else None, r["p50"] / p["p50"] if p else None,
                          "info", "info", "ms", ""))
@@ -157,27 +225,31 @@ def rows(m: dict, peers: dict[int, dict], skipped: str) -> list[dict]:
     p = peers.get(1000, {})
     out.append(C.row("sse fan-out: RSS per stream (1,000 on one agent)", kb, before["VmRSS"] / 1024, None,
                      "<= 50 KB", kb <= 50, "",
-                     f"KB per stream; baseline = server RSS in MB with 5 streams; threads +{threads:.0f} "
+                     f"KB per stream; baseline = server RSS in MB with 4 streams; threads +{threads:.0f} "
                      f"({before['Threads']} -> {during['Threads']}); fds +{during['fds'] - before['fds']}"
-                     + (f"; the peer with 1,000: {p['rss_mib']:.0f} MiB RSS, {p['threads']} threads, "
-                        f"{p['fds']} fds" if "rss_mib" in p else "")))
+                     + (f"; the peer with 1,000: {p['VmRSS'] / 1024:.0f} MiB RSS, {p['Threads']} threads, "
+                        f"{p['fds']} fds" if "VmRSS" in p else "")))
     return out
 
 
 def main() -> int:
-    args = C.parser(__doc__.splitlines()[0]).parse_args()
+    ap = C.parser(__doc__.splitlines()[0])
+    ap.add_argument("--procs", type=int, default=2, help="client worker processes (default 2)")
+    ap.add_argument("--no-peer", action="store_true", help="skip the peer")
+    args = ap.parse_args()
     fd_note = raise_fd_limit(max(4096, 3 * max(SIZES) + 512))
     steps = 10 if args.quick else 25
     peers: dict[int, dict] = {}
-    skipped = "skipped: no django-eventstream venv (BENCH_ES_PYTHON; peers/README.md)"
-    if peer_python():
+    skipped = "peer skipped: no django-eventstream venv (BENCH_ES_PYTHON; peers/README.md)"
+    load0 = os.getloadavg()[0]
+    if peer_python() and not args.no_peer:
         t0 = time.time()
-        for size in SIZES:
-            peers[size] = peer(size, 2 * steps)
+        peers = peer(steps, args.procs)
         skipped = f"peer run {time.time() - t0:.0f} s"
-    m = with_server("fan", lambda live: ours(live, steps), DEADLINE_S)
+    m = with_server("fan", lambda live: ours(live, steps, args.procs), DEADLINE_S)
     out = rows(m, peers, skipped)
-    out[-1]["note"] += f"; {fd_note}; load average {os.getloadavg()[0]:.2f} at the end"
+    out[-1]["note"] += (f"; {fd_note}; client: {args.procs} worker processes (bench/_fan_client.py) for both;"
+                        f" load average {load0:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
     C.emit(out, args)
     return 0
 

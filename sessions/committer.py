@@ -56,7 +56,7 @@ class GroupCommitter:
                  refused: tuple[type[BaseException], ...]) -> None:
         # The journal's own functions: write a batch in one transaction; turn a
         # database error into a JournalError; note an agent whose facts cannot
-        # be written; announce committed agents; drop the thread's connection.
+        # be written; announce what was committed ({agent_id: records}); drop the thread's connection.
         self._commit_groups = commit_groups
         self._translate = translate
         self._unwritable = unwritable
@@ -159,10 +159,12 @@ class GroupCommitter:
             if getattr(req.error, "permanent", True) is False:  # JournalUnavailable
                 self._unwritable(req.agent_id, exc)
         else:
-            for reqs, results in zip(by_agent.values(), written):
+            records = {}
+            for agent_id, reqs, results in zip(by_agent, by_agent.values(), written):
                 for req, result in zip(reqs, results):
                     req.result = result
-            self._committed(list(by_agent))
+                records[agent_id] = [rec for result in results for rec in result]
+            self._committed(records)
         for req in batch:
             req.done = True
         self._finished.extend(batch)

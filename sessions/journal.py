@@ -110,7 +110,10 @@ def append_many(agent_id: str, facts: Iterable[Fact]) -> list[EventRecord]:
         if held is not None:
             leases.check(held)
         records = _write(agent_id, items)
-        transaction.on_commit(lambda: _committed([agent_id]))
+        # The caller may change its dicts before its block commits: hand over copies, as written.
+        kept = [EventRecord(r.agent_id, r.seq, r.type, json.loads(text), r.ts)
+                for r, (_, _, text) in zip(records, items)] if COMMITTED else []
+        transaction.on_commit(lambda: _committed({agent_id: kept}))
         return records
     if held is not None or db.execute_wrappers or db.force_debug_cursor:
         return _append_here(agent_id, items, held)
@@ -131,7 +134,7 @@ def _append_here(agent_id: str, items: list[tuple[str, dict, str]],
         if isinstance(error, JournalUnavailable):
             note_unwritable(agent_id, exc)
         raise error from exc
-    _committed([agent_id])
+    _committed({agent_id: records})
     return records
 
 
@@ -188,8 +191,8 @@ class _Batch:
     def add(self, agent_id: str, requests) -> list[list[EventRecord]]:
         """Bump the agent's head (and project its row), then stage its rows."""
         n = sum(len(items) for items in requests)
-        seq, at, at_db = self._bump(agent_id, n, _projection(
-            (t, d) for items in requests for t, d, _ in items))
+        seq, at, at_db = self._bump(agent_id, n, state_mod.row_projection(
+            ((t, d) for items in requests for t, d, _ in items), AgentStatus.values))
         per_request = []
         for items in requests:
             recs = []
@@ -202,10 +205,27 @@ class _Batch:
 
     def _bump(self, agent_id: str, n: int, changes: dict[str, Any]):
         """UPDATE … RETURNING: the first seq of the ``n`` new rows, and their ts."""
+        sets, params = self.sets(n, changes)
+        # PostgreSQL: the time is read once the agent row is locked, so ts never
+        # goes back along seq (a writer that waited for the lock comes later).
+        # SQLite's BEGIN IMMEDIATE already serialises writers before `now`.
+        clock = ", clock_timestamp()" if self.pg else ""
+        self.cur.execute(
+            f"UPDATE agent_sessions_agent SET {sets} WHERE id = {self.ph} RETURNING last_seq{clock}",
+            params + [agent_id],
+        )
+        row = self.cur.fetchone()
+        if row is None:
+            raise UnknownAgent(f"no agent {agent_id}")
+        at, at_db = (row[1], row[1]) if self.pg else (self.now, self.db_now)
+        return row[0] - n + 1, at, at_db
+
+    def sets(self, n: int, changes: dict[str, Any]) -> tuple[str, list]:
+        """The agent row's SET clause: the head moves by ``n``, the projection applied."""
         ph = self.ph
         sets, params = [f"last_seq = last_seq + {ph}"], [n]
         if changes:
-            unless_paused = changes.pop(UNLESS_PAUSED, False)
+            unless_paused = changes.pop(state_mod.UNLESS_PAUSED, False)
             changes["updated_at"] = self.db_now
             for column, value in changes.items():
                 if unless_paused and column in ("status", "status_reason"):
@@ -214,19 +234,7 @@ class _Batch:
                 else:
                     sets.append(f"{column} = {ph}")
                 params.append(value)
-        # PostgreSQL: the time is read once the agent row is locked, so ts never
-        # goes back along seq (a writer that waited for the lock comes later).
-        # SQLite's BEGIN IMMEDIATE already serialises writers before `now`.
-        clock = ", clock_timestamp()" if self.pg else ""
-        self.cur.execute(
-            f"UPDATE agent_sessions_agent SET {', '.join(sets)} WHERE id = {ph} RETURNING last_seq{clock}",
-            params + [agent_id],
-        )
-        row = self.cur.fetchone()
-        if row is None:
-            raise UnknownAgent(f"no agent {agent_id}")
-        at, at_db = (row[1], row[1]) if self.pg else (self.now, self.db_now)
-        return row[0] - n + 1, at, at_db
+        return ", ".join(sets), params
 
     def insert(self) -> None:
         ph, cast = self.ph, "::jsonb" if self.pg else ""
@@ -237,31 +245,46 @@ class _Batch:
         )
 
 
-UNLESS_PAUSED = "_unless_paused"
+class _PgBatch(_Batch):
+    """PostgreSQL: one statement per agent bumps its head and inserts its rows (a
+    data-modifying CTE, ts read once the row is locked), and BEGIN with every
+    statement goes in one round trip (rawtx.run_pipelined): measured, each round
+    trip to the server cost more than the rows (bench/append_throughput.py)."""
 
+    SQL = ("WITH b AS (UPDATE agent_sessions_agent SET {sets} WHERE id = %s"
+           " RETURNING last_seq, clock_timestamp() AS at),"
+           " i AS (INSERT INTO agent_sessions_event (agent_id, seq, type, data, ts)"
+           " SELECT %s, b.last_seq - %s + u.o, u.t, u.d::jsonb, b.at"
+           " FROM b, unnest(%s::text[], %s::text[]) WITH ORDINALITY AS u(t, d, o))"
+           " SELECT last_seq, at FROM b")
 
-def _projection(facts) -> dict[str, Any]:
-    """The agent row's status and sandbox id as the facts (type, data) leave
-    them, by the reducer's own projection (sessions/state.py); the row's
-    stored status decides what a paused agent's turn facts do."""
-    changes: dict[str, Any] = {}
-    known = None  # the status this batch set explicitly, if any
-    for etype, data in facts:
-        change = state_mod.status_change(etype, data)
-        if change is not None and change.status in AgentStatus.values \
-                and not (change.held_by_pause and known == AgentStatus.PAUSED):
-            if change.held_by_pause and known is None:
-                changes[UNLESS_PAUSED] = True  # the stored status decides
-            else:
-                changes.pop(UNLESS_PAUSED, None)
-                known = change.status
-            changes["status"], changes["status_reason"] = change.status, change.reason
-        sandbox = state_mod.sandbox_change(etype, data)
-        if sandbox is not None:
-            changes["sandbox_id"] = sandbox
-            if etype == "agent.sandbox":  # which engine holds it ("" when not recorded)
-                changes["sandbox_host"] = str(data.get("host") or "")[:255]
-    return changes
+    def __init__(self, db):
+        super().__init__(None, "%s", db)
+        self.statements: list[tuple[str, list]] = []
+        self.staged: list[tuple[str, Any]] = []
+
+    def add(self, agent_id: str, requests) -> None:
+        items = [item for reqs in requests for item in reqs]
+        sets, params = self.sets(len(items), state_mod.row_projection(
+            ((t, d) for t, d, _ in items), AgentStatus.values))
+        self.statements.append((self.SQL.format(sets=sets), params + [
+            agent_id, agent_id, len(items), [t for t, _, _ in items], [text for _, _, text in items]]))
+        self.staged.append((agent_id, requests))
+
+    def records(self, rows: list) -> list[list[list[EventRecord]]]:
+        """Each agent's records from its statement's (last_seq, ts); before COMMIT."""
+        out = []
+        for (agent_id, requests), row in zip(self.staged, rows):
+            if row is None:
+                raise UnknownAgent(f"no agent {agent_id}")
+            seq = row[0] - sum(len(items) for items in requests) + 1
+            per_request = []
+            for items in requests:
+                per_request.append([EventRecord(agent_id, seq + k, t, d, row[1])
+                                    for k, (t, d, _) in enumerate(items)])
+                seq += len(items)
+            out.append(per_request)
+        return out
 
 
 def _commit_groups(groups, before_commit):
@@ -269,6 +292,11 @@ def _commit_groups(groups, before_commit):
     itself (sessions/rawtx.py) when nothing watches queries, else through
     Django. `before_commit()` runs once the rows are written, just before COMMIT."""
     db = connections[DEFAULT_DB_ALIAS]
+    if rawtx.usable(db) and db.vendor == "postgresql":
+        batch = _PgBatch(db)
+        for agent_id, requests in groups:
+            batch.add(agent_id, requests)
+        return rawtx.run_pipelined(db, batch.statements, batch.records, before_commit)
     if rawtx.usable(db):
         return rawtx.run(db, lambda cur, ph: _write_groups(groups, cur, ph, db), before_commit)
     with transaction.atomic():
@@ -298,7 +326,7 @@ committer = GroupCommitter(
     commit_groups=lambda groups, before_commit: _commit_groups(groups, before_commit),
     translate=lambda exc: _translate(exc),
     unwritable=lambda agent_id, exc: note_unwritable(agent_id, exc),
-    committed=lambda agent_ids: _committed(agent_ids),
+    committed=lambda written: _committed(written),
     close_connection=lambda: _close_connection(),
     refused=(JournalError, IntegrityError, DatabaseError),
 )
@@ -425,11 +453,22 @@ def note_unwritable(agent_id: str, exc: BaseException) -> None:
     log.error("agent %s is unrecoverable: %s", agent_id, _unwritable_marks[agent_id])
 
 
-def _committed(agent_ids: list[str]) -> None:
-    for agent_id in agent_ids:
+#: Called on the committing thread right after each commit, before its callers
+#: resume, with {agent_id: its records}: the serving process's streams take
+#: them without a read (sessions/api/tails.py). Must not raise or block.
+COMMITTED: list = []
+
+
+def _committed(written: dict[str, list[EventRecord]]) -> None:
+    for agent_id in written:
         if _unwritable_marks.pop(agent_id, None) is not None:
             log.warning("agent %s: the transcript is writable again", agent_id)
-    wakeups.notify(agent_ids)
+    for listener in COMMITTED:
+        try:
+            listener(written)
+        except Exception:  # a hand-off is best effort: the wake-up's read covers it
+            log.warning("journal: a commit listener failed", exc_info=True)
+    wakeups.notify(list(written))
 
 
 def unrecoverable_reason(agent_id: str) -> str | None:

@@ -65,6 +65,34 @@ def sandbox_change(etype: str, data: dict) -> str | None:
     return None
 
 
+UNLESS_PAUSED = "_unless_paused"
+
+
+def row_projection(facts, statuses) -> dict[str, Any]:
+    """The agent row's columns (status, reason, sandbox id) as the facts (type,
+    data) leave them, by the projection above; ``statuses`` are the ones the row
+    takes. With UNLESS_PAUSED set, the row's stored status decides what a
+    paused agent's turn facts do (sessions/journal.py writes the CASE)."""
+    changes: dict[str, Any] = {}
+    known = None  # the status this batch set explicitly, if any
+    for etype, data in facts:
+        change = status_change(etype, data)
+        if change is not None and change.status in statuses \
+                and not (change.held_by_pause and known == "paused"):
+            if change.held_by_pause and known is None:
+                changes[UNLESS_PAUSED] = True  # the stored status decides
+            else:
+                changes.pop(UNLESS_PAUSED, None)
+                known = change.status
+            changes["status"], changes["status_reason"] = change.status, change.reason
+        sandbox = sandbox_change(etype, data)
+        if sandbox is not None:
+            changes["sandbox_id"] = sandbox
+            if etype == "agent.sandbox":  # which engine holds it ("" when not recorded)
+                changes["sandbox_host"] = str(data.get("host") or "")[:255]
+    return changes
+
+
 class ReplayError(Exception):
     """The transcript cannot be folded into a state (a gap, a malformed fact)."""
 

@@ -59,6 +59,12 @@ def bind_loop(loop: asyncio.AbstractEventLoop) -> None:
         _loop = loop
 
 
+def serving_loop() -> asyncio.AbstractEventLoop | None:
+    """The loop the streams live on, when it runs."""
+    loop = _loop
+    return loop if loop is not None and loop.is_running() else None
+
+
 # --- notify -------------------------------------------------------------------
 
 def notify(agent_ids) -> None:

@@ -29,6 +29,7 @@ really sent (see sessions/api/stream.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 from collections import deque
@@ -42,6 +43,7 @@ from django.db import DatabaseError
 
 from sessions import journal, sbjournal, wakeups
 
+from .direct import chunk
 from .frames import format_event, format_reset
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,11 @@ class Rows:
     def last(self) -> int:
         return self.pieces[-1][0]
 
+    @functools.cached_property
+    def chunk(self) -> bytes:
+        """``blob`` framed as one HTTP/1.1 chunk, once for every stream (sessions/api/direct.py)."""
+        return chunk(self.blob)
+
     def after(self, cursor: int) -> "Rows | None":
         """Only the rows with seq > cursor (None: none)."""
         if self.first > cursor:
@@ -76,7 +83,11 @@ class Rows:
 
 
 def encode(page: journal.Page) -> Rows:
-    pieces = [(rec.seq, format_event(rec.as_dict())) for rec in page.events]
+    return encode_records(page.events)
+
+
+def encode_records(records) -> Rows:
+    pieces = [(rec.seq, format_event(rec.as_dict())) for rec in records]
     return Rows(pieces, b"".join(f for _, f in pieces))
 
 
@@ -112,7 +123,8 @@ class Tail:
         self.dirty = False
         self.closed = False
         self.reads = 0  # journal reads by this tail (for tests) …
-        self.beats = 0  # … and heartbeats
+        self.beats = 0  # … and heartbeats …
+        self.handed = 0  # … and commits taken without a read (take)
         self.channel: str | None = None
         self.ready = asyncio.get_running_loop().create_future()
         self.tasks: list[asyncio.Task] = []
@@ -198,6 +210,21 @@ class Tail:
         return Rows(pieces, b"".join(f for _, f in pieces))
 
     # --- reading ------------------------------------------------------------------------
+
+    def take(self, rows: Rows) -> None:
+        """Rows this process has just committed (on the loop, no await): handed
+        to the members without a read when they follow the cursor at once.
+        Otherwise (a read in flight, a gap, rows already seen) nothing: the
+        commit's wake-up reads them, as for another process's commit."""
+        if self.closed or self.cursor is None or self.lock.locked():
+            return
+        if rows.first != self.cursor + 1:
+            return
+        self.handed += 1
+        self._remember(rows)
+        self.cursor = rows.last
+        for member in list(self.members):
+            member.offer(rows)
 
     def wake(self) -> None:
         self.dirty = True
@@ -295,6 +322,11 @@ class Tails:
             raise
         return tail
 
+    def take(self, agent_id: str, rows: Rows) -> None:
+        tail = self.by_agent.get(agent_id)
+        if tail is not None:
+            tail.take(rows)
+
     async def _start(self, tail: Tail) -> None:
         try:
             await tail.start()
@@ -312,6 +344,21 @@ class Tails:
 
 
 TAILS = Tails()
+
+
+def _hand_off(written: dict) -> None:
+    """journal.COMMITTED, on the committing thread: this process's commits for
+    agents with open streams go to the serving loop as encoded rows (encoded
+    here once, before the caller can touch its dicts again)."""
+    loop = wakeups.serving_loop()
+    if loop is None:
+        return
+    for agent_id, records in written.items():
+        if records and agent_id in TAILS.by_agent:
+            loop.call_soon_threadsafe(TAILS.take, agent_id, encode_records(records))
+
+
+journal.COMMITTED.append(_hand_off)
 
 
 @database_sync_to_async

@@ -18,6 +18,7 @@ import asyncio
 
 import pytest
 from channels.db import database_sync_to_async
+from django.db import transaction
 
 from sessions import journal, wakeups
 from sessions.api import tails
@@ -111,13 +112,14 @@ async def test_a_stream_catching_up_while_commits_keep_coming_gets_consecutive_i
 
 
 async def test_a_reconnect_inside_the_ring_takes_no_read_of_its_own(
-        agent, owner_token, many_streams, event_reads):
+        agent, owner_token, many_streams, event_reads, monkeypatch):
+    monkeypatch.setattr(journal, "COMMITTED", [])  # rows come by the tail's read only
     await append(agent.id, facts(5))
     first = Client(agent.id, owner_token).start()
     try:
         await first.until(5)
         await append(agent.id, facts(3, start=6))
-        await first.until(8)
+        await first.until(8)  # by the tail's read: no hand-off in this test (no later read)
         event_reads["n"] = 0
         second = Client(agent.id, owner_token, after=6).start()
         assert await second.until(8) == [7, 8]
@@ -168,7 +170,8 @@ async def test_the_heartbeat_re_reads_once_per_agent_for_all_its_streams(
     try:
         for client in clients:
             await client.until(1)
-        monkeypatch.setattr(wakeups, "notify", lambda ids: None)  # wake-ups lost
+        monkeypatch.setattr(wakeups, "notify", lambda ids: None)  # wake-ups lost …
+        monkeypatch.setattr(journal, "COMMITTED", [])  # … and no hand-off (another process's commit)
         tail = tails.TAILS.by_agent[agent.id]
         event_reads["n"], beats = 0, tail.beats
         await append(agent.id, facts(1, start=2))
@@ -179,5 +182,85 @@ async def test_the_heartbeat_re_reads_once_per_agent_for_all_its_streams(
         reads, beats = event_reads["n"], tail.beats - beats
         # + 1: the read of a beat just before the count started may land inside it.
         assert 1 <= reads <= beats + 1, f"{reads} reads in {beats} heartbeats: one each, not one per stream"
+    finally:
+        await closing(clients)
+
+
+# --- this process's commits: handed over without a read ------------------------------------
+
+async def test_a_commit_in_this_process_reaches_the_streams_without_a_read(
+        agent, owner_token, many_streams, settings, monkeypatch, event_reads):
+    settings.ALINEO_SSE_HEARTBEAT_S = 600  # no safety re-read during the test
+    await append(agent.id, facts(1))
+    clients = [Client(agent.id, owner_token).start() for _ in range(10)]
+    try:
+        for client in clients:
+            await client.until(1)
+        await asyncio.sleep(0.1)  # every stream has joined the tail
+        monkeypatch.setattr(wakeups, "notify", lambda ids: None)  # no wake-up, so no read
+        tail = tails.TAILS.by_agent[agent.id]
+        event_reads["n"], handed = 0, tail.handed
+        await append(agent.id, facts(2, start=2))
+        for client in clients:
+            assert await client.until(3) == [1, 2, 3]
+        assert tail.handed == handed + 1 and event_reads["n"] == 0
+    finally:
+        await closing(clients)
+
+
+async def test_rows_that_do_not_follow_the_tail_are_left_to_the_read(agent, owner_token, many_streams):
+    await append(agent.id, facts(1))
+    clients = [Client(agent.id, owner_token).start() for _ in range(3)]
+    try:
+        for client in clients:
+            await client.until(1)
+        await asyncio.sleep(0.1)
+        tail = tails.TAILS.by_agent[agent.id]
+        handed = tail.handed
+        ahead = await append(agent.id, facts(2, start=2))  # seq 2 and 3, handed over
+        for client in clients:
+            assert await client.until(3) == [1, 2, 3]
+        gap = journal.EventRecord(agent.id, 5, "message.user", {"text": "not committed"}, ahead[0].ts)
+        tails.TAILS.take(agent.id, tails.encode_records([gap]))  # seq 4 missing: refused
+        tails.TAILS.take(agent.id, tails.encode_records(ahead))  # seen already: refused
+        assert tail.handed == handed + 1 and tail.cursor == 3
+        await append(agent.id, facts(1, start=4))
+        for client in clients:
+            assert await client.until(4) == [1, 2, 3, 4]
+    finally:
+        await closing(clients)
+
+
+async def test_facts_of_an_atomic_block_are_handed_over_as_written_once_it_commits(
+        agent, owner_token, many_streams, settings, monkeypatch):
+    settings.ALINEO_SSE_HEARTBEAT_S = 600
+    await append(agent.id, facts(1))
+    clients = [Client(agent.id, owner_token).start() for _ in range(3)]
+
+    @database_sync_to_async
+    def in_a_block(rolled_back: bool) -> None:
+        data = {"text": "as written"}
+        try:
+            with transaction.atomic():
+                journal.append(agent.id, "message.user", data)
+                data["text"] = "changed after the append"
+                if rolled_back:
+                    raise RuntimeError("roll back")
+        except RuntimeError:
+            pass
+
+    try:
+        for client in clients:
+            await client.until(1)
+        await asyncio.sleep(0.1)
+        monkeypatch.setattr(wakeups, "notify", lambda ids: None)  # only the hand-off delivers
+        tail = tails.TAILS.by_agent[agent.id]
+        handed = tail.handed
+        await in_a_block(rolled_back=True)
+        await in_a_block(rolled_back=False)
+        for client in clients:
+            assert await client.until(2) == [1, 2]
+            assert b'"as written"' in client.body and b"changed after" not in client.body
+        assert tail.handed == handed + 1
     finally:
         await closing(clients)
