@@ -29,15 +29,22 @@ import time
 import pytest
 
 from sandboxes.harnesses import ensure_pi
-from tests.faults import invariants
+from tests.faults import invariants, placed
 from tests.faults.harness import (
-    World, cleanup_sandboxes, excerpt, fault_cases, kill_bridge, make_server, placement,
+    World, cleanup_sandboxes, excerpt, fault_cases, kill_bridge, make_server,
     remove_sandbox)
 
 SEED = int(os.environ.get("ALINEO_FAULT_SEED") or random.SystemRandom().randrange(1, 2**31))
 ITERATIONS = int(os.environ.get("ALINEO_FAULT_PI_ITERATIONS") or 10)
 FULL_CHECK_EVERY = 5
 PI = {"harness": "pi", "model": "demo"}
+
+
+def landed(world: World, agents: list[str]) -> list[str]:
+    """Where a kill about to land finds these agents (read just before it):
+    each moment any of them is at, or idle when none is busy."""
+    moments = {m for agent in agents for m in placed.found(world, agent)} - {placed.IDLE}
+    return sorted(moments) or [placed.IDLE]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -143,7 +150,7 @@ def test_pi_kill_minus_nine_of_the_control_plane(pi_server, fault_row):
                     world.send(agent, "steer", f"say: steer {i}")
             delay = rng.uniform(0.0, 1.2)
             time.sleep(delay)
-            fault_row.placements.update(placement(world, agents))
+            fault_row.placements.update(landed(world, agents))
             server.kill()
             booted = time.monotonic()
             server.start()
