@@ -56,23 +56,40 @@ def _daphne_request(send):
 class DirectWriter:
     """Body chunks of one response, onto its socket."""
 
-    __slots__ = ("request", "transport")
+    __slots__ = ("request", "transport", "max_unsent")
 
-    def __init__(self, request, transport):
+    def __init__(self, request, transport, max_unsent: int | None = None):
         self.request, self.transport = request, transport
+        # Twisted buffers without a bound: a client that stops reading would
+        # make this process hold every later commit for it. Past this many
+        # unsent bytes it is cut off; its EventSource reconnects from the last
+        # id it got and reads its backlog on its own (sessions/api/stream.py).
+        self.max_unsent = max_unsent
+
+    def unsent(self) -> int:
+        """Bytes Twisted holds for this connection that the client has not taken."""
+        tr = self.transport
+        return len(tr.dataBuffer) - tr.offset + tr._tempDataLen
 
     def write(self, data: bytes, framed: bytes | None = None) -> bool:
-        """True: the chunk is sent, or queued in Twisted after what it holds.
-        False: write it through ASGI (the response is no longer a plain
-        chunked one in flight: finished, disconnected, not chunked)."""
+        """True: the chunk is sent, or queued in Twisted after what it holds,
+        or the client, too far behind, was cut off (the stream then ends on
+        daphne's ``http.disconnect``). False: write it through ASGI (the
+        response is no longer a plain chunked one in flight: finished,
+        disconnected, not chunked)."""
         req, tr = self.request, self.transport
         if req.finished or req._disconnected or not req.startedWriting or not req.chunked:
             return False
         if not tr.connected or tr.disconnecting:
             return False
         frame = framed if framed is not None else chunk(data)
+        held = self.unsent()
+        if held and self.max_unsent is not None and held + len(frame) > self.max_unsent:
+            log.info("stream: client %d bytes behind, cut off (it reconnects from its last id)", held)
+            tr.abortConnection()  # drops what Twisted held for it
+            return True
         req.sentLength += len(data)
-        if len(tr.dataBuffer) - tr.offset or tr._tempDataLen:
+        if held:
             tr.write(frame)  # Twisted holds unsent bytes: after them
             return True
         try:
@@ -91,7 +108,7 @@ def chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-def writer(scope) -> DirectWriter | None:
+def writer(scope, max_unsent: int | None = None) -> DirectWriter | None:
     """A DirectWriter for this stream's response, or None (the ASGI path)."""
     request = scope.get(SCOPE_KEY)
     if request is None:
@@ -104,4 +121,4 @@ def writer(scope) -> DirectWriter | None:
     except AttributeError:
         log.info("stream: daphne's transport is not the expected one; writing through ASGI")
         return None
-    return DirectWriter(request, transport)
+    return DirectWriter(request, transport, max_unsent)

@@ -245,7 +245,9 @@ class TranscriptStream(AsyncHttpConsumer):
         self.tail = await self.tails.acquire(self.agent_id)
         await self.send_headers(status=200, headers=SSE_HEADERS)
         await self.send_body(f"retry: {RETRY_MS}\n\n".encode(), more_body=True)
-        self.direct = direct.writer(self.scope)  # once the headers are out
+        # once the headers are out; a client that stops reading is cut off past
+        # a few buffers' worth (it reconnects and reads its backlog on its own)
+        self.direct = direct.writer(self.scope, max_unsent=4 * buffer_bytes())
         self._kick()
 
     # --- delivering: what the tail offers (never awaits) ----------------------------------

@@ -24,6 +24,11 @@ class Transport:
         self.dataBuffer, self.offset, self._tempDataLen = b"", 0, 0
         self.connected, self.disconnecting = 1, 0
         self.written: list[bytes] = []
+        self.aborted = False
+
+    def abortConnection(self) -> None:  # noqa: N802 (Twisted's name)
+        self.aborted = True
+        self.connected, self.dataBuffer, self._tempDataLen = 0, b"", 0
 
     def write(self, data: bytes) -> None:
         self.written.append(data)
@@ -83,6 +88,27 @@ def test_what_the_socket_does_not_take_goes_to_twisted():
     assert sock.got + b"".join(tr.written) == b"6\r\nabcdef\r\n"
     assert writer.write(b"xy")  # Twisted holds bytes now: after them, not on the socket
     assert sock.got == b"6\r\n" and tr.written[-1] == b"2\r\nxy\r\n"
+
+
+def test_a_client_that_stops_reading_is_cut_off_past_the_bound():
+    sock = ShortSocket()
+    tr = Transport(sock)
+    writer = direct.DirectWriter(Request(), tr, max_unsent=64)
+    assert writer.write(b"a" * 40)  # the socket takes 3 bytes, Twisted holds the rest
+    held = writer.unsent()
+    assert 0 < held <= 64 and not tr.aborted
+    assert writer.write(b"b" * 40)  # would hold more than 64 bytes: cut off instead
+    assert tr.aborted and writer.unsent() == 0
+    assert not writer.write(b"c")  # gone: left to ASGI, which sees the disconnect
+
+
+def test_a_client_that_reads_is_never_cut_off(pair):
+    a, b = pair
+    writer = direct.DirectWriter(Request(), Transport(a), max_unsent=64)
+    for i in range(200):
+        assert writer.write(b"x" * 50)
+        assert b.recv(100) == b"32\r\n" + b"x" * 50 + b"\r\n"
+    assert not writer.transport.aborted
 
 
 @pytest.mark.parametrize("attr", ["finished", "_disconnected"])
