@@ -12,6 +12,8 @@ One directive a line:
     spawn: <prompt>           → a spawn tool call (asks the control plane for a child)
     spawn: {"prompt": …, "spec": {…}}
                               → the same with a child spec, as a real model may send
+    memory: set <key> <value> → a memory tool call (also `memory: get <key>`,
+                                `memory: list`): the agent's notes, kept by the control plane
     sleep: <seconds>          → a bash `sleep` tool call (a long step, for fault tests)
     think: <seconds>          → the model call itself takes that long (a long model
                                 call, for fault tests; the bridge's demo only, ≤ 600 s)
@@ -26,14 +28,14 @@ import shlex
 from dataclasses import dataclass, field
 
 _WRITE = re.compile(r"^write\s+(?P<path>[^:]+?)\s*:\s?(?P<text>.*)$")
-_KEYED = re.compile(r"^(?P<key>run|read|spawn|sleep|say)\s*:\s?(?P<value>.*)$")
+_KEYED = re.compile(r"^(?P<key>run|read|spawn|memory|sleep|say)\s*:\s?(?P<value>.*)$")
 _THINK = re.compile(r"^think\s*:\s*(?P<seconds>\d+(?:\.\d+)?)\s*$")
 #: The longest a demo model call may think (a typo must not hang a turn for hours).
 MAX_THINK_S = 600.0
 
 #: The reply to a message without a directive.
 NO_DIRECTIVE = ("[demo] I am the demo model. Give me directives, one a line: "
-                "run:, write <path>:, read:, spawn:, sleep:, say:.")
+                "run:, write <path>:, read:, spawn:, memory:, sleep:, say:.")
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,22 @@ def parse_line(line: str) -> tuple[Directive | None, str | None]:
         return Directive("bash", {"command": f"sleep {shlex.quote(value)}"}), None
     if key == "read":
         return Directive("read", {"path": value}), None
+    if key == "memory":
+        return Directive("memory", memory_input(value)), None
     return Directive("spawn", spawn_input(value)), None
+
+
+def memory_input(value: str) -> dict:
+    """`memory:`'s tool input: `set <key> <value>`, `get <key>` or `list`.
+    Anything else passes as the op, for the tool to refuse as a model's
+    malformed call would be."""
+    op, _, rest = value.partition(" ")
+    if op == "set":
+        key, _, text = rest.strip().partition(" ")
+        return {"op": "set", "key": key, "value": text.strip()}
+    if op == "get":
+        return {"op": "get", "key": rest.strip()}
+    return {"op": op}
 
 
 def spawn_input(value: str) -> dict:

@@ -97,6 +97,20 @@ def test_spawn_from_pi_asks_the_control_plane_and_pi_gets_the_reply(pi_bridge, g
     assert any("child-7" in t for t in gateway.upstream.texts())  # Pi's model saw the answer
 
 
+def test_memory_from_pi_asks_the_control_plane_and_pi_gets_the_note(pi_bridge, gateway):
+    client = pi_bridge().client
+    client.ok("prompt", text="memory: get plan")
+    request = client.wait_type("request.memory")[-1]["data"]
+    dispatched = next(e["data"] for e in client.events(0) if e["type"] == "tool.dispatched")
+    assert (request["op"], request["key"]) == ("get", "plan") and dispatched["name"] == "memory"
+    assert request["tool_call_id"] == dispatched["tool_call_id"]  # Pi's id
+    client.ok("reply", request_id=request["request_id"], result={"value": "ship on friday"})
+    events = client.wait_type("turn.finished")
+    result = next(e["data"] for e in events if e["type"] == "tool.result")
+    assert json.loads(result["output"]) == {"value": "ship on friday"} and not result["is_error"]
+    assert any("ship on friday" in t for t in gateway.upstream.texts())  # Pi's model saw it
+
+
 def test_an_abort_ends_a_pending_spawn(pi_bridge):
     client = pi_bridge().client
     turn = client.ok("prompt", text="spawn: never answered")["turn"]

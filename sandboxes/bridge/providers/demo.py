@@ -1,7 +1,7 @@
 """The demo model: offline, deterministic, and always labelled "[demo]".
 
 It reads the directives of the latest user message (prompt or steer), one a
-line: run:, write <path>:, read:, spawn:, sleep:, think:, say: (directives.py,
+line: run:, write <path>:, read:, spawn:, memory:, sleep:, think:, say: (directives.py,
 the one definition, shared with the control plane's model gateway).
 
 `think: N` makes the first model call of the message take N seconds (it

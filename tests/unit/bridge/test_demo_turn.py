@@ -120,3 +120,16 @@ def test_think_directives_add_up_and_are_bounded():
     assert directives.plan("think: 99999").think_s == directives.MAX_THINK_S
     plain = directives.plan("think: a while")  # not a number: plain text, no think
     assert plain.think_s == 0 and plain.reply == directives.NO_DIRECTIVE
+
+
+def test_memory_directives_become_the_memory_tools_calls():
+    from sandboxes.bridge import directives
+
+    calls = directives.plan("memory: set plan ship it on friday\nmemory: get plan\nmemory: list").calls
+    assert [(c.name, c.input) for c in calls] == [
+        ("memory", {"op": "set", "key": "plan", "value": "ship it on friday"}),
+        ("memory", {"op": "get", "key": "plan"}),
+        ("memory", {"op": "list"}),
+    ]
+    # A malformed op still reaches the tool, which refuses it as it would a model's.
+    assert directives.plan("memory: forget plan").calls[0].input == {"op": "forget"}
