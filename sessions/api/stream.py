@@ -51,6 +51,7 @@ from .tails import KEEPALIVE, SB_TAILS, TAILS, Rows, Tail, encode
 log = logging.getLogger(__name__)
 
 RETRY_MS = 1000
+DRAIN_POLL_S = 0.05  # how often a stream reading its backlog looks whether its client took it
 _CURSOR = re.compile(r"[0-9]{1,18}")  # ASCII digits only; 18 digits stay inside int64
 
 
@@ -340,6 +341,7 @@ class TranscriptStream(AsyncHttpConsumer):
     async def _catch_up(self) -> None:
         """Join the tail if its ring reaches back to our cursor; else one page
         of this stream's own backlog, and at its end join the tail."""
+        await self._wait_for_the_client()  # and joins the tail only once it took it
         if self.tail.can_take(self.cursor) and self._join():
             return
         try:
@@ -358,7 +360,16 @@ class TranscriptStream(AsyncHttpConsumer):
             self.cursor = self.sent = rows.last
             await self.send_body(rows.blob, more_body=True)
         if not page.has_more:
+            await self._wait_for_the_client()
             self._join()
+
+    async def _wait_for_the_client(self) -> None:
+        """A backlog is read a page at a time only as fast as the client takes
+        it: daphne's send never waits, and Twisted would otherwise hold the
+        whole transcript in memory for a client that does not read."""
+        while (not self.closed and self.direct is not None
+               and self.direct.unsent() > buffer_bytes()):
+            await asyncio.sleep(DRAIN_POLL_S)
 
     def _join(self) -> bool:
         if self.closed:
