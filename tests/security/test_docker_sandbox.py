@@ -18,6 +18,7 @@ from tests.security.test_local_sandbox import (
     first_turn,
     py,
     refused_memory,
+    said,
 )
 
 pytestmark = pytest.mark.live
@@ -58,7 +59,7 @@ def test_the_control_plane_and_another_workspace_are_out_of_reach(world):
     for needle in ("SQLite format", secret_key, "other-workspaces-secret-4711", shadow_root):
         assert needle not in output, f"the sandbox read {needle!r}: {output[:3000]}"
     for target, result in zip(targets, results):
-        assert result["exit_code"] != 0 and "No such file" in result["output"], (target, result)
+        assert result["exit_code"] != 0 and "No such file" in said(result), (target, result)
     listing = results[len(targets) + 1]["output"]
     assert "bridge.sock" in listing and "alineo.sqlite3" not in listing  # its own run dir only
     assert "REFUSED" in results[len(targets) + 3]["output"], results[len(targets) + 3]

@@ -111,6 +111,11 @@ def wait_until(predicate, what: str, timeout: float = WAIT):
         time.sleep(0.2)
 
 
+def said(result: dict) -> str:
+    """All a tool call printed: its stdout and its stderr (kept apart in tool.result)."""
+    return result["output"] + "\n" + (result.get("stderr") or "")
+
+
 def py(code: str) -> str:
     """A `run:` line that runs python code on the sandbox's python3 (base64: no quoting)."""
     return f"run: echo {base64.b64encode(code.encode()).decode()} | base64 -d | python3"
@@ -148,7 +153,7 @@ def test_the_control_plane_files_and_other_homes_are_not_there(world):
         assert needle not in output, f"the sandbox read {needle!r}: {output[:3000]}"
     cats, reads = results[:len(targets)], results[len(targets):len(targets) + 3]
     for target, result in zip(targets, cats):
-        assert result["exit_code"] != 0 and "No such file" in result["output"], (target, result)
+        assert result["exit_code"] != 0 and "No such file" in said(result), (target, result)
     assert all(r["is_error"] for r in reads), reads
     ls_data, ls_root = results[len(targets) + 3:len(targets) + 5]
     assert ls_data["exit_code"] != 0, ls_data
@@ -165,7 +170,7 @@ def test_the_home_and_run_dir_are_the_only_writable_places(world):
     usr, etc, top, home, run, tmp, big = (r["exit_code"] for r in results)
     assert usr and etc and top, results[:3]
     assert home == run == tmp == 0, results[3:6]
-    assert big != 0 and "No space left" in results[-1]["output"], results[-1]  # /tmp: memory_mb
+    assert big != 0 and "No space left" in said(results[-1]), results[-1]  # /tmp: memory_mb
 
 
 # --- network ----------------------------------------------------------------------------------
@@ -206,7 +211,7 @@ def refused_memory(exit_code: int, output: str) -> bool:
 
 def test_memory_limit_holds(world):
     _, results = first_turn(world, {**DEMO, "limits": {"memory_mb": 64}}, ALLOCATE)
-    assert refused_memory(results[0]["exit_code"], results[0]["output"]), results[0]
+    assert refused_memory(results[0]["exit_code"], said(results[0])), results[0]
     _, results = first_turn(world, {**DEMO, "limits": {"memory_mb": 1024}}, ALLOCATE)
     assert "ALLOCATED" in results[0]["output"], results[0]  # the control
 
