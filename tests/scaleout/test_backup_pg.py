@@ -39,7 +39,10 @@ def target_db():
         cur.execute(f'CREATE DATABASE "{name}"')
     yield name
     with connection.cursor() as cur:
-        cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", [name])
+        # Client sessions only: an autovacuum worker on the new database is a
+        # superuser's process, not ours to end, and DROP DATABASE ends it itself.
+        cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = %s AND backend_type = 'client backend'", [name])
         cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
 
 
