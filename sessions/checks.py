@@ -190,3 +190,17 @@ def private_data_dir_check(app_configs, **kwargs):
         f"or run: chmod -R go-rwx {settings.DATA_DIR}",
         id="alineo.W008",
     )]
+
+
+@register()
+def fault_test_hold_check(app_configs, **kwargs):
+    """ALINEO_TEST_HOLD_DIR exists for the fault tests (tests/faults/placed.py):
+    set on a real deployment, a file there silently holds an agent's commands."""
+    if not settings.ALINEO_TEST_HOLD_DIR:
+        return []
+    return [Warning(
+        f"ALINEO_TEST_HOLD_DIR is set ({settings.ALINEO_TEST_HOLD_DIR}): the worker holds "
+        "undelivered the commands of every agent named by a file there.",
+        hint="It is for the fault tests only; unset it on a real deployment.",
+        id="alineo.W009",
+    )]

@@ -155,3 +155,11 @@ def test_a_misspelt_setting_is_an_error_naming_the_setting(monkeypatch, name, fl
     assert bool(found) is flagged
     if flagged:
         assert name in found[0].msg and "did you mean ALINEO_" in found[0].msg
+
+
+def test_the_fault_tests_hold_dir_warns_when_set():
+    with override_settings(ALINEO_TEST_HOLD_DIR=""):
+        assert "alineo.W009" not in alineo_ids()
+    with override_settings(ALINEO_TEST_HOLD_DIR="/tmp/holds"):
+        found = [m for m in run_checks() if m.id == "alineo.W009"]
+        assert len(found) == 1 and "/tmp/holds" in found[0].msg
