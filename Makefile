@@ -22,7 +22,7 @@ UNIT_JOBS ?= 2
 # The live suites (servers, sandboxes, browsers) run on this many xdist workers,
 # a test file to a worker (--dist loadfile keeps a module's server on one), each
 # with its own ALINEO_DATA_DIR so its clean-up never touches another's sandboxes.
-LIVE_JOBS ?= 2
+LIVE_JOBS ?= 3
 # 1: the PostgreSQL pass runs its unit tests beside tests/scaleout (see `test`).
 PG_UNIT_BESIDE ?= 0
 

@@ -31,13 +31,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.warm_shell import WarmShell
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
-_MARK = "@@LIVE@@"
 # Settings that would point the server away from its own data dir.
 _STRIPPED_ENV = ("ALINEO_DB_PATH", "DATABASE_URL", "REDIS_URL", "PORT")
 
 _template_lock = threading.Lock()
+_shells: list = []  # every warm shell started here, ended at exit
 _template_db: Path | None = None
 
 
@@ -107,6 +109,7 @@ class LiveServer:
         self.proc: subprocess.Popen | None = None
         self.log_path = self.data_dir / "server.log"
         self._migrated = False
+        self._shell: WarmShell | None = None
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -116,6 +119,7 @@ class LiveServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+        self.close_shell()
         if not self.keep and exc[0] is None:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
@@ -208,14 +212,26 @@ class LiveServer:
         return result
 
     def django(self, code: str):
-        """Run `code` in `manage.py shell` against this server's DB; it must
-        assign `result` (JSON-able), which is returned."""
-        script = f"import json\nresult = None\n{code}\nprint({_MARK!r} + json.dumps(result))\n"
-        out = self.manage("shell", "--no-startup", "-c", script).stdout
-        for line in out.splitlines():
-            if line.startswith(_MARK):
-                return json.loads(line[len(_MARK):])
-        raise RuntimeError(f"no result from shell:\n{out}")
+        """Run `code` in a Django shell on this server's DB (a warm one: tests/
+        warm_shell.py); it must assign `result` (JSON-able), which is returned."""
+        return self.shell().run(code)
+
+    def shell(self) -> WarmShell:
+        """This server's warm shell (tests/warm_shell.py), started again when
+        its code or settings changed or it is gone."""
+        env = self.env
+        shell = self._shell
+        if shell is None or not shell.alive() or shell.key != (str(self.root), tuple(sorted(env.items()))):
+            if shell is not None:
+                shell.close()
+            self._shell = shell = WarmShell(PYTHON, self.root, env)
+            _shells.append(shell)
+        return shell
+
+    def close_shell(self) -> None:
+        if self._shell is not None:
+            self._shell.close()
+            self._shell = None
 
     def create_actor(self, username: str, workspace: str | None = None) -> Actor:
         """A user in a workspace (made if missing) with an API token."""
@@ -279,7 +295,17 @@ class LiveServer:
 
     def note(self, agent_id: str, text: str) -> int:
         """`manage.py note`: a commit by another process. Returns its seq."""
-        return int(self.manage("note", agent_id, text).stdout.strip().splitlines()[-1])
+        out = self.django(
+            "import io\nfrom django.core.management import call_command\n"
+            f"buf = io.StringIO()\ncall_command('note', {agent_id!r}, {text!r}, stdout=buf)\n"
+            "result = buf.getvalue()\n")
+        return int(out.strip().splitlines()[-1])
+
+
+@atexit.register
+def _close_shells() -> None:
+    for shell in _shells:
+        shell.close()
 
 
 def answers(port: int) -> bool:

@@ -36,7 +36,7 @@ import pytest
 
 from tests.faults import invariants
 from tests.faults.harness import (
-    World, cannot_run, cleanup_sandboxes, ensure_root, excerpt, make_server,
+    World, cannot_run, cleanup_sandboxes, docker_client, ensure_root, excerpt, make_server,
     wait_running_step,
 )
 from tests.live import parent_dir
@@ -132,7 +132,7 @@ def test_database_unwritable(mode, fault_row):
             world = World(server, "docker", server.create_actor("dora"))
             agent = world.spawn({"model": "demo", "checkpoint": True}, "write first.txt: first-db")
             assert not invariants.settle(world, [agent], invariants.WAIT_SETTLE)
-            world.send(agent, "prompt", "write during.txt: during-db\nsleep: 6.5\nrun: echo after-db")
+            world.send(agent, "prompt", "write during.txt: during-db\nsleep: 6.5\nrun: echo after-db > after.txt")
             wait_running_step(world, agent, "sleep 6.5")
             disk.readonly(server.data_dir) if mode == "readonly" else disk.fill()
             try:
@@ -154,7 +154,7 @@ def test_database_unwritable(mode, fault_row):
                         f"({shown['status_reason']!r}), not unrecoverable with a reason")
                 # Hold the fault past the end of the running step, so the relay
                 # too meets the unwritable database (the bridge keeps the events).
-                time.sleep(7)
+                _wait_step_ended(world, agent)
                 shown = _wait_unrecoverable(world, agent, timeout=5)
                 if shown["status"] != "unrecoverable":
                     fault_row.violations.append(
@@ -184,6 +184,22 @@ def test_database_unwritable(mode, fault_row):
                 world.close()
             server.stop()
             cleanup_sandboxes(server, "docker")
+
+
+def _wait_step_ended(world: World, agent: str, timeout: float = 60.0) -> None:
+    """Wait (bounded) until the step after the running one wrote its file in
+    the container, seen through the engine, not the control plane: the bridge
+    finished the running step and sent its events, so the relay met the
+    unwritable database too."""
+    client = docker_client()
+    try:
+        container = client.containers.get(world.agent(agent)["sandbox_id"])
+        deadline = time.monotonic() + timeout
+        while container.exec_run(["sh", "-c", 'test -e "$HOME/after.txt"'])[0] != 0:
+            assert time.monotonic() < deadline, f"{agent}: the step after `sleep 6.5` never ran"
+            time.sleep(0.2)
+    finally:
+        client.close()
 
 
 def _wait_unrecoverable(world: World, agent: str, timeout: float = 30.0) -> dict:

@@ -123,9 +123,10 @@ def test_upgrade_in_place(kind, previous_main):
         api.server = new
         _note_switch(time.monotonic() - mid_running)
         _gentle_rungs_at_boot(api, agents, last)
-        _mid_turn_settles_once(api, agents["mid"], old_pages[agents["mid"]])
+        mid_turn = _mid_turn_settles(api, agents["mid"], old_pages[agents["mid"]])
         for role in ("idle", "mid", "plain"):
             _answers_with_its_file(api, role, agents[role])
+        _settled_once(api, agents["mid"], mid_turn)
         _restores_from_the_old_checkpoint(api, kind, new.data_dir, agents["restore"],
                                           old_pages[agents["restore"]])
         _transcripts_only_appended(api, agents, before, old_pages, new.data_dir)
@@ -191,12 +192,19 @@ def _gentle_rungs_at_boot(api: Api, agents: dict[str, str], last: dict[str, int]
             "never restored, rebuilt or lost")
 
 
-def _mid_turn_settles_once(api: Api, agent: str, old_page: list[dict]) -> None:
+def _mid_turn_settles(api: Api, agent: str, old_page: list[dict]) -> int:
+    """The turn running at the upgrade ends; returns its number."""
     turn = of(old_page, "turn.started")[-1]["data"]["turn"]
+    api.wait_for(agent, settled(turn), f"the end of turn {turn} (running at the upgrade)",
+                 timeout=WAIT + SLEEP_S)
+    return turn
+
+
+def _settled_once(api: Api, agent: str, turn: int) -> None:
+    """Checked once a later turn of the agent has finished: the bridge's events
+    are relayed in bseq order, so a second end of ``turn`` would be in by now
+    (no sleep: the later turn is the event waited on)."""
     ends = settled(turn)
-    events = api.wait_for(agent, ends, f"the end of turn {turn} (running at the upgrade)",
-                          timeout=WAIT + SLEEP_S)
-    time.sleep(1.0)  # a second end would come right behind the first
     events = api.events(agent)
     print(f"[upgrade] the 'mid' agent's turn {turn} settled: {[e['type'] for e in ends(events)]}")
     assert len(ends(events)) == 1, (
