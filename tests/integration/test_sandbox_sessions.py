@@ -12,7 +12,7 @@ import time
 import pytest
 
 from sessions import client as c
-from tests.integration.worlds import WAIT, World, remove_sandbox
+from tests.integration.worlds import WAIT, World, exec_behind, remove_sandbox
 
 pytestmark = pytest.mark.live
 
@@ -114,7 +114,7 @@ def test_kill_9_of_the_control_plane_mid_exec(world, session):
     w.server.start()
     cmd = command(w, cid)
     assert (cmd["state"], cmd["result"]["code"]) == ("failed", "exec.interrupted"), cmd
-    time.sleep(7)  # what ran inside the sandbox before the crash may finish there
+    _wait_until_it_ended_there(w, w.get(f"/api/sandboxes/{sb}")["sandbox_id"])
     # Never run a second time (`; true`: the check itself replays alike on a fresh disk).
     assert sh(w, sb, "cat runs 2>/dev/null; true")["result"]["stdout"] == "x\n"
     resumed = run(w, sb, "resume", {})
@@ -122,6 +122,18 @@ def test_kill_9_of_the_control_plane_mid_exec(world, session):
     assert [n["command"] for n in resumed["result"]["not_replayed"]] == [cid]
     assert len(resumed["result"]["replayed"]) == 1  # the check; not the interrupted exec
     assert sh(w, sb, "test -e runs")["result"]["exit_code"] == 1
+
+
+def _wait_until_it_ended_there(w: World, sid: str) -> None:
+    """What ran inside the sandbox before the crash may finish there: wait
+    (bounded) until no process of it is left, looked at behind the control
+    plane's back (a journaled exec would be replayed by the resume below).
+    `sle[e]p` matches the exec's processes, never this check's own."""
+    probe = ["sh", "-c", "grep -l 'sle[e]p 6' /proc/[0-9]*/cmdline 2>/dev/null | wc -l"]
+    deadline = time.monotonic() + WAIT
+    while int(exec_behind(w, sid, probe).strip() or 0):
+        assert time.monotonic() < deadline, "the interrupted exec still runs in the sandbox"
+        time.sleep(0.2)
 
 
 def test_the_client_round_trip(world):

@@ -174,6 +174,26 @@ def remove_sandbox(w: World, sid: str) -> None:
         LocalBackend(root=w.server.data_dir / "sandboxes").remove(sid)
 
 
+def exec_behind(w: World, sid: str, argv: list[str]) -> str:
+    """Run ``argv`` in sandbox ``sid`` through its backend, behind the control
+    plane's back (nothing journaled, nothing a resume would replay); its stdout."""
+    if w.kind == "docker":
+        import docker
+
+        client = docker.from_env()
+        try:
+            code, out = client.containers.get(sid).exec_run(argv)
+        finally:
+            client.close()
+        assert code == 0, f"{argv} in {sid[:12]}: exit {code}: {out!r}"
+        return out.decode()
+    from sandboxes.backends.local import LocalBackend
+
+    out = LocalBackend(root=w.server.data_dir / "sandboxes").exec(sid, argv, timeout=30)
+    assert out.ok, f"{argv} in {sid}: {out}"
+    return out.text
+
+
 def count_of(events, etype: str) -> int:
     return sum(1 for e in events if e["type"] == etype)
 
