@@ -7,6 +7,7 @@ The data dir's layout is spelled out here and nowhere else::
     <DATA_DIR>/run/<agent>/          the run dir: bridge.sock, config.json, the bridge's copy
     <DATA_DIR>/inputs/<agent>/       wait-for inputs, written again into every fresh sandbox
     <DATA_DIR>/checkpoints/<agent>/  turn checkpoints (<sandbox>-turn-<n>.tar.zst)
+    <DATA_DIR>/live-homes/<agent>/   looks at a running sandbox's home (never checkpoints)
     <DATA_DIR>/sandboxes/            the local backend's sandboxes and snapshots
     <DATA_DIR>/homes/<agent>/        docker: a restored or forked agent's home, bind-mounted
                                      at /root (sandboxes/backends/hosthome.py)
@@ -25,7 +26,7 @@ from pathlib import Path
 #: (credential values), the secret key, checkpoints and the bridges' sockets.
 PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
 #: What the control plane tightens at start (the sandboxes' own homes are theirs).
-_PRIVATE_TREES = ("checkpoints", "inputs", "locks", "sandbox-sessions")
+_PRIVATE_TREES = ("checkpoints", "live-homes", "inputs", "locks", "sandbox-sessions")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,10 @@ class DataDir:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def live_homes(self) -> Path:
+        return self.root / "live-homes"
 
     @property
     def sandboxes(self) -> Path:

@@ -136,6 +136,8 @@ class AgentStatus(models.TextChoices):
 
 #: Statuses an agent never leaves: it and its sandbox have ended.
 ENDED = (AgentStatus.STOPPED, AgentStatus.LOST, AgentStatus.UNRECOVERABLE)
+#: The status reason of an idle agent whose sandbox idle unload stopped.
+UNLOADED = "unloaded"
 
 
 class Agent(models.Model):
@@ -221,6 +223,7 @@ class CommandVerb(models.TextChoices):
     REATTACH = "reattach"  # the client's reattach: the bridge must answer within 5 s
     REBRIDGE = "rebridge"  # the client's resume: restart the bridge on its session
     CHECKPOINT = "checkpoint"  # take a turn checkpoint now
+    HOME_SNAPSHOT = "home_snapshot"  # a look at the live home of a running sandbox (never a checkpoint)
     SB_CREATE = "sb_create"  # sandbox sessions (sessions/commands/sandbox.py)
     SB_EXEC = "sb_exec"
     SB_CHECKPOINT = "sb_checkpoint"
@@ -295,6 +298,29 @@ class Checkpoint(models.Model):
     def expires(self):
         """When it expires under its workspace's policy now (what the API says)."""
         return self.expires_under(self.agent.workspace.checkpoint_max_age_days)
+
+
+class LiveHome(models.Model):
+    """A look at a RUNNING sandbox's home, taken on request for the Files page
+    (sessions/live_home.py): a zstd tar like a checkpoint's, in
+    ``DATA_DIR/live-homes/`` — never a checkpoint: no restore, fork or checkpoint
+    retention reads it, and a backup carries no live-home file. The newest per agent is kept, for an hour."""
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="live_homes")
+    command = models.ForeignKey("Command", null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="+")
+    sandbox_id = models.CharField(max_length=128)
+    turn = models.PositiveIntegerField(default=0)  # the turns the bridge had finished then
+    through_seq = models.BigIntegerField(default=0)  # the transcript's head when it was taken
+    path = models.CharField(max_length=512)
+    bytes = models.BigIntegerField(default=0)
+    duration_ms = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["agent", "-created_at", "-id"]
 
 
 class Snapshot(models.Model):

@@ -2,7 +2,7 @@
 
 from django.urls import path, re_path
 
-from .dashboard import actions, agent, agent_list, files, forking, sandboxes, tree, usage
+from .dashboard import actions, agent, agent_list, files, forking, live_files, sandboxes, tree, usage
 
 _ID = r"(?P<agent_id>[A-Za-z0-9_-]{1,32})"
 
@@ -19,6 +19,7 @@ urlpatterns = [
     re_path(rf"^agents/{_ID}/live$", agent.agent_live, name="dash-agent-live"),
     re_path(rf"^agents/{_ID}/rows$", agent.agent_rows, name="dash-agent-rows"),
     re_path(rf"^agents/{_ID}/files$", files.files, name="dash-files"),
+    re_path(rf"^agents/{_ID}/files/live$", live_files.take, name="dash-files-live"),
     re_path(rf"^agents/{_ID}/fork$", forking.fork, name="dash-fork"),
     re_path(rf"^agents/{_ID}/approve$", forking.approve, name="dash-approve"),
     re_path(rf"^agents/{_ID}/deny$", forking.deny, name="dash-deny"),

@@ -24,6 +24,8 @@ urlpatterns = [
         rf"^agents/{_ID}/checkpoints/?$", views.agent_checkpoints, name="api-agent-checkpoints"
     ),
     re_path(rf"^agents/{_ID}/fork/?$", views.agent_fork, name="api-agent-fork"),
+    re_path(rf"^agents/{_ID}/home-snapshot/?$", views.agent_home_snapshot,
+            name="api-agent-home-snapshot"),
     re_path(r"^sandboxes/?$", sandbox_views.sandboxes, name="api-sandboxes"),
     re_path(rf"^sandboxes/{_SB}/?$", sandbox_views.sandbox_detail, name="api-sandbox"),
     re_path(rf"^sandboxes/{_SB}/(?P<verb>exec|resume|remove)/?$", sandbox_views.sandbox_command,

@@ -16,10 +16,10 @@ from django.views import defaults
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from .. import commands, journal
+from .. import commands, journal, live_home
 from ..access import visible_agent
 from ..gateway.usage import agent_usage
-from ..models import Agent, AgentStatus, Checkpoint, Command, Event, iso_ts
+from ..models import Agent, AgentStatus, Checkpoint, Command, Event, LiveHome, iso_ts
 from .errors import ApiError, error_response, not_found
 from .handler import api_view, idempotency_key, json_body, outcome_response, query_int
 
@@ -227,6 +227,43 @@ def _checkpoint(cp: Checkpoint, event_ids: dict, max_age: int, now) -> dict:
         "expires_at": iso_ts(expires),
         "deleted_at": iso_ts(cp.deleted_at) if cp.deleted_at else None,
         "state": state,
+    }
+
+
+# --- the live home ------------------------------------------------------------------------
+
+
+@api_view("GET", "POST")
+def agent_home_snapshot(request, user, agent_id: str):
+    """POST: look at the live home of the agent's RUNNING sandbox (a command,
+    202; its outcome at GET /api/commands/{id}); 409 when the sandbox is not
+    running — looking never wakes one. GET: the newest live home's metadata
+    (never its contents), or 404 when none is kept (it expires after an hour)."""
+    agent = _agent(user, agent_id)
+    if request.method == "POST":
+        outcome = commands.send(user, agent.id, "home_snapshot", json_body(request),
+                                idempotency_key(request))
+        return outcome_response(outcome)
+    row = live_home.newest(agent.id)
+    if row is None:
+        raise ApiError(404, "home_snapshot.none",
+                       "No live home of this agent is kept (none was taken, or it expired); "
+                       "POST to this URL while its sandbox runs to take one.")
+    return JsonResponse({"home_snapshot": _live_home(row)})
+
+
+def _live_home(row: LiveHome) -> dict:
+    return {
+        "id": row.pk,
+        "agent": row.agent_id,
+        "command": row.command_id,
+        "sandbox_id": row.sandbox_id,
+        "turn": row.turn,
+        "through_sequence": row.through_seq,
+        "bytes": row.bytes,
+        "duration_ms": row.duration_ms,
+        "taken_at": iso_ts(row.created_at),
+        "expires_at": iso_ts(row.expires_at),
     }
 
 

@@ -1,7 +1,8 @@
 """Commands to an existing agent: prompt, steer, interrupt, pause, resume,
 stop, and the client's operations whose caller waits for an outcome —
-reattach, rebridge (the client's "resume") and checkpoint (the worker acts on
-those in sessions/worker/operations.py)."""
+reattach, rebridge (the client's "resume"), checkpoint and home_snapshot (a
+look at the live home: sessions/live_home.py) — the worker acts on those in
+sessions/worker/operations.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from django.db import DatabaseError, IntegrityError
 
-from sessions import journal
+from sessions import journal, live_home
 from sessions.models import Agent, AgentStatus
 
 from .base import (
@@ -32,7 +33,7 @@ from .base import (
 
 AGENT_VERBS = ("prompt", "steer", "interrupt", "pause", "resume", "stop")
 # Verbs whose caller waits for an outcome (Command.result, GET /api/commands/{id}).
-OPERATION_VERBS = ("reattach", "rebridge", "checkpoint")
+OPERATION_VERBS = ("reattach", "rebridge", "checkpoint", "home_snapshot")
 TEXT_VERBS = ("prompt", "steer")
 
 
@@ -65,6 +66,8 @@ def _send(user, agent_id: str, verb: str, payload: dict, key, digest) -> Outcome
     refuse_if_ended(agent)
     if verb == "checkpoint":
         _refuse_if_no_checkpoints(agent)
+    if verb == "home_snapshot":
+        _refuse_unless_running(agent)
     cmd = record(user, agent, verb, key, digest, 202)
     facts = [(f"command.{verb}", {**payload, "command": cmd.pk, "by": user.get_username()})]
     status = _status_after(agent, verb)
@@ -119,3 +122,10 @@ def _refuse_if_no_checkpoints(agent: Agent) -> None:
             409, "checkpoint.disabled",
             f'Agent {agent.id} was spawned without "checkpoint": true in its spec; '
             "it takes no checkpoints.")
+
+
+def _refuse_unless_running(agent: Agent) -> None:
+    """A look at the live home only while the sandbox runs: it never wakes one."""
+    refused = live_home.refusal_for(agent)
+    if refused is not None:
+        raise CommandRefused(409, refused.code, f"Agent {agent.id}: {refused.message}")

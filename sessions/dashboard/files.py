@@ -7,11 +7,14 @@ sandboxes/home_files.py reads them bounded and never follows a name out.
 
 Query: ``checkpoint`` (its id; default the newest), ``path`` (a directory or a
 file of the home), ``changes=1`` (what its turn changed), ``diff=1`` with a
-file's path (that file's change). Bad input is a readable 400 or 404 page."""
+file's path (that file's change), ``live=1`` (the live home instead: see
+sessions/dashboard/live_files.py; its changes are against the newest
+checkpoint). Bad input is a readable 400 or 404 page."""
 
 from __future__ import annotations
 
 import difflib
+from typing import NamedTuple
 
 from django.http import Http404
 from django.shortcuts import render
@@ -22,11 +25,22 @@ from sandboxes import home_files
 from sandboxes.errors import UnsafeArchive
 from sandboxes.tar_rules import clean_name
 
-from ..models import Checkpoint
+from ..models import Checkpoint, LiveHome
+from . import live_files
 from .common import agent_or_404, bad_request, login_required
 
 DIFF_LINES = 2000
 CHANGES_SHOWN = 500
+
+
+class Source(NamedTuple):
+    """What the page reads: a checkpoint, or a live home (never both)."""
+
+    path: str  # the zstd tar
+    query: str  # how links name it: "checkpoint=<id>" or "live=1"
+    cp: Checkpoint | None
+    live: LiveHome | None
+    previous: Checkpoint | None  # what "changes" compares with
 
 
 def _checkpoints(agent) -> list[Checkpoint]:
@@ -81,25 +95,32 @@ def _diff(before_path, after_path, name: str) -> dict:
 def files(request, agent_id: str):
     agent = agent_or_404(request.user, agent_id)
     rows = _checkpoints(agent)
-    cp = _chosen(rows, request.GET.get("checkpoint"))
     try:
         path = clean_name(request.GET.get("path", "")[:home_files.NAME_MAX])
     except UnsafeArchive:
         return bad_request(request, "That path leaves the agent's home (absolute, '..' or a NUL).")
-    context = {"agent": agent, "checkpoints": rows, "cp": cp, "path": path,
-               "crumbs": _crumbs(path), "limit": home_files.VIEW_LIMIT}
-    if cp is None:
+    live = live_files.newest(agent)
+    if request.GET.get("live") == "1":
+        src = Source(live.path, "live=1", None, live, rows[0] if rows else None) if live else None
+    else:
+        cp = _chosen(rows, request.GET.get("checkpoint"))
+        src = Source(cp.path, f"checkpoint={cp.pk}", cp, None, _previous(rows, cp)) if cp else None
+    context = {"agent": agent, "checkpoints": rows, "src": src, "cp": src and src.cp,
+               "path": path, "crumbs": _crumbs(path), "limit": home_files.VIEW_LIMIT,
+               "live_view": request.GET.get("live") == "1", "has_live": live is not None,
+               **live_files.look(request, agent)}
+    if src is None:
         return render(request, "sessions/files.html", context)
     try:
-        context.update(_page(request, rows, cp, path))
+        context.update(_page(request, src, path))
     except home_files.HomeUnreadable as exc:
         context["unreadable"] = str(exc)
     return render(request, "sessions/files.html", context)
 
 
-def _page(request, rows, cp: Checkpoint, path: str) -> dict:
-    listing = home_files.listing(cp.path)
-    previous = _previous(rows, cp)
+def _page(request, src: Source, path: str) -> dict:
+    listing = home_files.listing(src.path)
+    previous = src.previous
     out = {"previous": previous, "skipped": listing.skipped, "truncated": listing.truncated}
     if request.GET.get("changes") == "1":
         before = _readable(previous)
@@ -108,12 +129,12 @@ def _page(request, rows, cp: Checkpoint, path: str) -> dict:
                 "more_changes": max(0, len(found) - CHANGES_SHOWN), "since_start": before is None}
     entry = listing.entries.get(path) if path else None
     if path and entry is None:
-        raise Http404("No such file or directory in this checkpoint.")
+        raise Http404("No such file or directory in this " + ("live home." if src.live else "checkpoint."))
     if entry is not None and entry.kind == "file":
         if request.GET.get("diff") == "1":
             before = previous.path if _readable(previous) is not None else None
-            return {**out, "mode": "diff", "entry": entry, "diff": _diff(before, cp.path, path)}
-        view = home_files.read_file(cp.path, path)
+            return {**out, "mode": "diff", "entry": entry, "diff": _diff(before, src.path, path)}
+        view = home_files.read_file(src.path, path)
         return {**out, "mode": "file", "entry": entry, "view": view,
                 "text": None if view is None or view.binary else view.data.decode("utf-8", "replace")}
     if entry is not None and entry.kind != "dir":

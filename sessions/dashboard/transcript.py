@@ -28,7 +28,7 @@ LOOKBACK = 2000  # facts; a longer step is shown from where the look back stoppe
 SYSTEM_PREFIXES = ("bridge.", "command.", "session.", "model.")
 SYSTEM_TYPES = frozenset({"agent.worker", "agent.status", "agent.sandbox", "agent.checkpointed",
                           "agent.checkpoint_deleted", "agent.checkpoint_expired", "turn.held",
-                          "hook.verdict"})
+                          "hook.verdict", "agent.home_snapshot", "agent.home_snapshot_failed"})
 NOT_SYSTEM = frozenset({"command.failed", "bridge.error", "model.error"})
 
 

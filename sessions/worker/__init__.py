@@ -13,9 +13,10 @@ inside `manage.py serve` (the embedded default) or as `manage.py runworker`
     relay.py       bridge events → transcript, exactly once; the bridge's requests
     ladder.py      the restore ladder: reattach … lost; plans.py picks what a
                    fresh sandbox starts from, settling.py settles dangling turns
-    operations.py  reattach / rebridge / checkpoint commands a client waits for
+    operations.py  reattach / rebridge / checkpoint / home_snapshot commands a client waits for
+    looks.py       a look at the live home: taken while the sandbox runs, else refused
     checkpoints.py turn checkpoints: archive, row, fact, rotation (one copy)
-    retention.py   the checkpoint retention sweep
+    retention.py   the checkpoint retention sweep (and expired live homes)
     store.py       the driver's reads and writes of the database
     context.py     shared types and the WorkerError root
 """

@@ -85,6 +85,7 @@ class AgentInfo:
     sandbox_host: str = ""  # the engine that holds sandbox_id (sandboxes.backends.backend_for)
     sandbox_slot: bool = False  # holds one of the workspace's sandbox slots (slots.py)
     workspace_id: int = 0
+    status_reason: str = ""
 
     @property
     def launch(self) -> Launch:

@@ -25,7 +25,9 @@ Commands (the Command row is the truth; wake-ups only hurry things along):
   decides, so it survives a restart.
 - ``stop``: abort, let the relay drain, bridge ``shutdown``, remove the
   sandbox and its run dir, then ``agent.status stopped``.
-- ``reattach``, ``rebridge``, ``checkpoint``: sessions/worker/operations.py.
+- ``reattach``, ``rebridge``, ``checkpoint``, ``home_snapshot``:
+  sessions/worker/operations.py (a look at the live home is refused, never
+  acted on, while the sandbox is not running: sessions/worker/looks.py).
 """
 
 from __future__ import annotations
@@ -44,11 +46,11 @@ from sandboxes.backends import backend_for, get_backend
 from sandboxes.backends.base import SandboxStatus
 from sandboxes.bridge.protocol import BridgeState
 from sandboxes.bridge_client import BridgeError, BridgeRequestError, BridgeUnavailable
-from sessions import approvals, leases
+from sessions import approvals, leases, live_home
 from sessions.gateway.hub import open_listener
-from sessions.models import ENDED, CommandState
+from sessions.models import ENDED, UNLOADED, CommandState
 
-from . import checkpoints, ladder, operations, slots, store
+from . import checkpoints, ladder, looks, operations, slots, store
 from .context import (
     AgentInfo,
     AgentLost,
@@ -65,7 +67,6 @@ log = logging.getLogger(__name__)
 
 CONNECT_RETRY_S = 15
 SAFETY_POLL_S = 5
-UNLOADED = "unloaded"  # the status reason of an agent whose sandbox idle unload stopped
 #: A bridge lost again this soon after a recovery is a quick loss: the next
 #: recovery waits 0.1 s, 0.2 s … up to RECOVER_BACKOFF_MAX_S, so a bridge that
 #: answers and drops at once never makes the ladder a busy loop.
@@ -178,6 +179,12 @@ class AgentDriver:
     async def _reach_a_bridge(self) -> bool:
         """A connected bridge for the agent (False: nothing to drive now)."""
         if not await self._reload():
+            return False
+        # A look at the live home never wakes a sandbox: refused when it is
+        # not running, and an unloaded agent with nothing else to do stays so.
+        if (await looks.refuse_unless_running(self.info, await store.pending(self.agent_id))
+                and live_home.stopped_on_purpose(self.info.status, self.info.status_reason)
+                and not await store.pending(self.agent_id)):
             return False
         if not self._ended():
             # A sandbox that idle unload stopped comes back only into a free

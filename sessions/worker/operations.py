@@ -27,6 +27,9 @@ the agent's driver hands it to :func:`act`, which stores what happened in
   turn) → ``{"checkpoint": id, "turn", "bytes", "ms"}``; a failure journals
   ``agent.checkpoint_failed`` (never a failed turn) and fails the command
   with ``runtime.checkpoint_failed`` (sessions/worker/checkpoints.py).
+- **home_snapshot** copies the live home for the Files page (never a
+  checkpoint) → ``{"live_home": id, "turn", "bytes", "ms", …}``
+  (sessions/worker/looks.py).
 
 Progress is kept in ``Command.result`` (``phase``), so a worker that dies in
 the middle picks the command up again without doing it twice.
@@ -47,13 +50,13 @@ from sandboxes.errors import SandboxError, SandboxNotFound
 from sessions import journal
 from sessions.models import Command, CommandState
 
-from . import checkpoints, store
+from . import checkpoints, looks, store
 from .context import AgentInfo, PendingCommand, SandboxGone
 from .link import BridgeLink
 
 log = logging.getLogger(__name__)
 
-VERBS = ("reattach", "rebridge", "checkpoint")
+VERBS = ("reattach", "rebridge", "checkpoint", looks.VERB)
 # Reattach needs a bridge that answers within 5 s. The probe gets 4 s so
 # that the caller — POST, wake-up, probe, poll — hears the answer within 5 s.
 ANSWER_S = 4.0
@@ -79,6 +82,8 @@ async def act(cmd: PendingCommand, info: AgentInfo, backend: SandboxBackend,
         return await _rebridge(cmd, info, backend, link, seq, progress)
     elif cmd.verb == "checkpoint":
         await _checkpoint(cmd, info, backend, link)
+    elif cmd.verb == looks.VERB:
+        await looks.take(cmd, info, backend, link)
     return Acted.DONE
 
 

@@ -7,6 +7,9 @@ shorter, says it is too old; the workspace keeps no data (zero data
 retention); or it is beyond the workspace's newest-N for its agent. Its file
 is deleted, the row keeps its metadata with `deleted_at`, and the agent's
 transcript gets one `agent.checkpoint_expired` fact — nothing disappears silently.
+
+The same sweep removes live homes past their hour (sessions/live_home.py):
+looks, not checkpoints, so without a fact (their rows keep `deleted_at`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from sandboxes import config
-from sessions import journal
+from sessions import journal, live_home
 from sessions.models import Checkpoint, RetentionSweep, Workspace
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,9 @@ def sweep(now=None) -> RetentionSweep:
             rank_of[cp.agent_id] += 1
             if reason and _remove(cp, reason):
                 reasons[reason] += 1
+    looks = live_home.sweep(now)
+    if looks:
+        log.info("retention sweep removed %d expired live home(s)", looks)
     run = RetentionSweep.objects.create(started_at=started, finished_at=timezone.now(),
                                         removed=sum(reasons.values()), by_reason=dict(reasons))
     if run.removed:

@@ -30,7 +30,7 @@ def load(agent_id: str) -> AgentInfo | None:
                      a.bridge_session, ws.zero_data_retention, ws.checkpoint_max_age_days,
                      ws.keep_newest_checkpoints,
                      tuple(credentials.secrets_for(ws.id, spec.get("credentials") or [])),
-                     a.sandbox_host, a.sandbox_slot, a.workspace_id)
+                     a.sandbox_host, a.sandbox_slot, a.workspace_id, a.status_reason)
 
 
 @database_sync_to_async

@@ -26,7 +26,7 @@ from sessions.specs import DEFAULTS
 pytestmark = pytest.mark.django_db
 
 VERBS = ["prompt", "steer", "interrupt", "pause", "resume", "stop"]
-TAILS = ["", "/", "/events", "/checkpoints", "/fork", "/stream", "/events/"] + [
+TAILS = ["", "/", "/events", "/checkpoints", "/fork", "/stream", "/events/", "/home-snapshot"] + [
     f"/{v}" for v in VERBS
 ]
 SB_TAILS = ["", "/", "/exec", "/resume", "/remove", "/snapshots", "/events", "/stop"]

@@ -32,7 +32,7 @@ SANDBOX_PAGES = [f"/sandboxes/{MY_SB}/", f"/sandboxes/{FOREIGN_SB}/"]
 GET_TAILS = ["/", "/live", "/rows", "/rows/", "/prompt", "/files"]
 GET_PAGES = ["/", "/tree", "/agents/new", "/accounts/login/", "/agents/", "/nope", "/sandboxes/",
              "/sandboxes/sb_0000000000000000/", "/usage", *SANDBOX_PAGES]
-POST_VERBS = VERBS + ["fork", "approve", "deny", "reattach"]
+POST_VERBS = VERBS + ["fork", "approve", "deny", "reattach", "files/live"]
 # Digits no client means: superscript two, Arabic-Indic three, fullwidth one,
 # mathematical bold one, Devanagari five; and numbers past every limit.
 ODD_DIGITS = ["²", "٣", "１", "𝟙", "५", "1²", "-1", "+1", " 1", "1.0", "1e3", "0x10", "9" * 19,
@@ -91,7 +91,7 @@ def get_requests(draw, ids):
         st.just(f"/agents/{agent_id}/rows"),
     ))
     keys = ["after", "before", "v", "parent", "next", "x", "q", "status", "sort", "page",
-            "path", "checkpoint", "changes", "diff", "days"]
+            "path", "checkpoint", "changes", "diff", "days", "live", "look"]
     pairs = draw(st.lists(st.tuples(st.sampled_from(keys),
                                     hostile_text), max_size=3))
     query = "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in pairs)
