@@ -233,9 +233,13 @@ def test_a_killed_bridge_is_resumed_and_its_turn_settles_once(world):
                             "the interrupted turn")
     world.send(agent, "prompt", "say: after the kill")
     events = world.wait_turns(agent, 2)
-    rung = "restart" if world.kind == "docker" else "resume"
+    # Docker: the container exits with its bridge (docker-init), so the rung is
+    # `restart`; a worker that looked before docker-init had exited finds the
+    # container still running and resumes the bridge in it. Both keep the
+    # sandbox and its disk (asserted below); anything harsher is a failure.
+    gentle = ("restart", "resume") if world.kind == "docker" else ("resume",)
     rungs = restored(events)
-    assert [r["data"]["rung"] for r in rungs] == [rung], rungs
+    assert len(rungs) == 1 and rungs[0]["data"]["rung"] in gentle, rungs
     assert rungs[0]["data"]["old_sandbox_id"] == rungs[0]["data"]["new_sandbox_id"] == sid
     interrupted = events_of(events, "turn.interrupted")
     assert len(interrupted) == 1 and interrupted[0]["data"]["reason"] == "bridge_restarted"
