@@ -8,6 +8,8 @@ import time
 import httpx
 import pytest
 
+from tests.browser.conftest import screenshot
+
 pytestmark = pytest.mark.live
 
 
@@ -35,6 +37,7 @@ def test_look_at_the_live_home_of_a_running_agent(server, actor, page):
         page.click("#dir-list >> text=live.txt")
         assert page.locator("#file-view").inner_text().strip() == "seen live"
         assert "Live, taken at" in page.locator("#live-label").inner_text()
+        screenshot(page, "files-live")
     finally:
         httpx.post(f"{server.url}/api/agents/{agent}/stop", headers=actor.auth, json={},
                    timeout=30)
