@@ -159,7 +159,9 @@ def sweep(in_use: Iterable[Path], *, now: float | None = None) -> list[str]:
         if entry.name in keep or owned(entry) is None:
             continue
         try:
-            if now - entry.lstat().st_mtime < ORPHAN_AGE_S:
+            # ctime, not mtime: tar gives the home the checkpoint's own mtime
+            # (an old one), but setting it moves ctime to the time of the restore.
+            if now - entry.lstat().st_ctime < ORPHAN_AGE_S:
                 continue
         except FileNotFoundError:
             continue

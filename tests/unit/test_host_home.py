@@ -99,14 +99,23 @@ def test_a_fresh_home_sets_the_old_one_aside_and_removal_follows_no_link(data_di
 
 
 def test_the_sweep_removes_old_orphans_only(data_dir):
-    used, young, old = (hosthome.fresh(name) for name in ("used", "young", "old"))
-    past = time.time() - hosthome.ORPHAN_AGE_S - 5
-    for p in (used, old):
-        os.utime(p, (past, past))
+    used, old = hosthome.fresh("used"), hosthome.fresh("old")
     stale_trash = hosthome.root() / f"{hosthome.TRASH}gone-1234"
     stale_trash.mkdir()
-    assert hosthome.sweep([used]) == ["old"]
-    assert used.exists() and young.exists() and not old.exists() and not stale_trash.exists()
+    later = time.time() + hosthome.ORPHAN_AGE_S + 5
+    assert hosthome.sweep([used], now=later) == ["old"]
+    assert used.exists() and not old.exists() and not stale_trash.exists()
+
+
+def test_a_just_restored_home_is_young_whatever_mtime_tar_gave_it(data_dir):
+    """tar sets the home's mtime to the checkpoint's (years old): the age
+    the sweep goes by is when the home was made, or the restore still
+    creating its container would lose it."""
+    young = hosthome.fresh("young")
+    past = time.time() - 10 * hosthome.ORPHAN_AGE_S
+    os.utime(young, (past, past))
+    assert hosthome.sweep([]) == []
+    assert young.exists()
 
 
 def test_the_bridge_waits_for_the_seal_and_gives_up(tmp_path):
