@@ -29,7 +29,8 @@ def pi_install():
 def pi_pids(home: str, node_only: bool = True) -> list[int]:
     """Processes of this home's Pi: Pi's config dir is in their environment
     (Pi renames its process title, so its command line does not say). With
-    ``node_only=False`` also Pi's tool processes, which inherit it."""
+    ``node_only=False`` also Pi's tool processes, which inherit it; without,
+    only the Pi processes (not a child it forked that is still "node")."""
     marker = f"PI_CODING_AGENT_DIR={home}/.alineo/pi/agent".encode()
     pids = []
     for entry in Path("/proc").iterdir():
@@ -42,7 +43,17 @@ def pi_pids(home: str, node_only: bool = True) -> list[int]:
             continue
         if marker in env and (exe.endswith("/node") or not node_only):
             pids.append(int(entry.name))
+    if node_only:  # a tool process Pi has forked but not yet exec'd is "node" too
+        pids = [pid for pid in pids if _parent(pid) not in pids]
     return pids
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state
 
 
 @pytest.fixture
