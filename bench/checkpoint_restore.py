@@ -23,7 +23,10 @@ __pycache__/*.pyc files.
   the per-round ratios. The engine's put_archive path (ALINEO_DOCKER_HOST_TAR=0)
   runs in the same rounds for reference. One warm-up round; the removals are
   not timed, and each run first waits (untimed) until no home set aside by
-  an earlier restore is still being deleted; rounds stop after
+  an earlier restore is still being deleted and the disk has settled
+  (settle_disk); the order of floor, restore, fork and engine is reversed
+  every other round; a restore's time includes the worker's plan reading
+  the session file (the home holds one, as every agent's does); rounds stop after
   BENCH_RESTORE_BUDGET_S (420 s) per size; BENCH_RESTORE_30K=0 skips the
   30k rows.
 
@@ -71,6 +74,17 @@ os.makedirs(os.path.join(home, ".cache"), exist_ok=True)
 with open(os.path.join(home, ".cache", "big.bin"), "wb") as f:
     for _ in range(200):
         f.write(os.urandom(1 << 20))
+# The bridge's session file, as in every real agent's home: a restore reads it
+# (the worker's plan, then beside the extraction) before the bridge starts.
+import json
+os.makedirs(os.path.join(home, ".alineo"), exist_ok=True)
+messages = [{"role": "user", "text": "prompt %d " % k * 20, "kind": "prompt"} if k % 2 == 0
+            else {"role": "assistant", "text": "reply %d " % k * 20, "tool_calls": []}
+            for k in range(40)]
+with open(os.path.join(home, ".alineo", "session.json"), "w") as f:  # sandboxes/bridge/session.py
+    json.dump({"version": 1, "session_id": "bench", "created_at": "2026-12-01T00:00:00+00:00",
+               "bseq": 120, "acked": 120, "outbox": [], "messages": messages, "turns": 20,
+               "queue": [], "current": None, "seen_commands": []}, f)
 """
 
 
@@ -113,12 +127,43 @@ def ms_list(xs: list[float]) -> str:
     return ", ".join(f"{x * 1000:.0f}" for x in xs)
 
 
+def settle_disk(path: Path, limit_s: float = 30.0) -> float:
+    """Flush dirty pages and wait (not timed) until the disk under ``path``
+    has finished what earlier runs gave it: nothing in flight and no write or
+    discard completed for 0.3 s (/proc/diskstats). On this VM the deletions of
+    one run (its homes, the floor's directory) cost the disk seconds after
+    they return: without this, whichever run came next paid for them — the
+    floor, first in its round, by up to 5x. Returns the seconds waited."""
+    t0 = time.monotonic()
+    os.sync()
+    dev = os.stat(path).st_dev
+    key = f"{os.major(dev)} {os.minor(dev)}"
+
+    def stats() -> tuple | None:
+        with open("/proc/diskstats") as fh:
+            for line in fh:
+                parts = line.split()
+                if f"{parts[0]} {parts[1]}" == key:
+                    return tuple(parts[3:])
+        return None
+
+    last, quiet_since = stats(), time.monotonic()
+    while last is not None and time.monotonic() - t0 < limit_s:
+        time.sleep(0.05)
+        now = stats()
+        if now != last or int(now[8]) > 0:  # field 9: I/Os in flight
+            last, quiet_since = now, time.monotonic()
+        elif time.monotonic() - quiet_since >= 0.3:
+            break
+    return time.monotonic() - t0
+
+
 def host_floor(ckpt: Path, dest: Path) -> float:
     """The floor: the same checkpoint unpacked by host zstd | tar on the same
-    disk. Dirty pages of earlier runs are flushed first (not timed), as before
-    every restore: each one starts from the same page cache state."""
+    disk. The disk is settled first (not timed), as before every restore:
+    each run starts from the same state."""
     dest.mkdir()
-    os.sync()
+    settle_disk(dest)
     f0 = time.perf_counter()
     subprocess.run(f"zstd -dc -q {ckpt} | tar -x -C {dest} -f -", shell=True, check=True)
     floor = time.perf_counter() - f0
@@ -162,13 +207,17 @@ def one_restore(backend, ckpt: Path, made: list[str], agent: str) -> tuple[float
     start) -> the first answered exec: seconds of (build_fresh, first exec)
     and the spans inside build_fresh (ms from its start). The removal after
     it is not timed."""
-    from sandboxes import launch
+    from sandboxes import archive, launch
 
     settle_homes()
-    os.sync()
+    settle_disk(ckpt)
     spans = Spans(backend)
     t0 = time.perf_counter()
     try:
+        # The worker's plan reads the checkpoint's session file first
+        # (sessions/worker/plans.py), then builds the sandbox.
+        assert archive.session_in(ckpt) is not None, "the bench's checkpoint holds no session"
+        spans.spans["plan"] = (t0, time.perf_counter())
         sid = launch.build_fresh(backend, launch.Launch(agent, {"model": "demo"}),
                                  launch.Fresh(checkpoint=str(ckpt), labels=LABELS))
     finally:
@@ -224,7 +273,7 @@ def one_restore_keep(backend, ckpt: Path, made: list[str], agent: str) -> str:
 def _split(runs: list[tuple]) -> str:
     """Median spans (ms from build_fresh's start) of the runs' create, extract, start."""
     parts = []
-    for name in ("create", "extract", "start"):
+    for name in ("plan", "create", "extract", "start"):
         got = [r[2][name] for r in runs if name in r[2]]
         if got:
             parts.append(f"{name} {C.median([a for a, _ in got]):.0f}-{C.median([b for _, b in got]):.0f}")
@@ -240,10 +289,15 @@ def _restore_rows(backend, ckpt: Path, work: Path, reps: int, made: list[str], w
     for i in range(reps + 1):
         if i > 1 and time.monotonic() > deadline:
             break  # a loaded disk: fewer rounds, said in the row's note (bench/run's limit)
-        floor = host_floor(ckpt, work / f"floor-{i}")
-        restore = rm_f_then_restore(backend, ckpt, made, f"bench-restore-{RUN}")
-        fork = one_restore(backend, ckpt, made, f"bench-fork-{RUN}-{i}")
-        by_engine = engine_restore(backend, ckpt, made) if engine_too else None
+        runs = {
+            "floor": lambda: host_floor(ckpt, work / f"floor-{i}"),
+            "restore": lambda: rm_f_then_restore(backend, ckpt, made, f"bench-restore-{RUN}"),
+            "fork": lambda: one_restore(backend, ckpt, made, f"bench-fork-{RUN}-{i}"),
+            "engine": lambda: engine_restore(backend, ckpt, made) if engine_too else None,
+        }
+        order = list(runs) if i % 2 == 0 else list(runs)[::-1]  # no kind always first
+        got = {kind: runs[kind]() for kind in order}
+        floor, restore, fork, by_engine = got["floor"], got["restore"], got["fork"], got["engine"]
         if i > 0:  # the first round warms caches up
             floors.append(floor)
             restores.append(restore)
@@ -286,7 +340,8 @@ def _ratio_row(name: str, runs: list[tuple], floors: list[float]) -> dict:
               f"{', '.join(f'{t / f:.2f}' for t, f in zip(times, floors))}; median spans (ms from "
               f"build_fresh's start) {_split(runs)}; baseline = host `zstd -dc | tar -x` of the same "
               f"checkpoint into a dir on the same disk (the floor), runs {ms_list(floors)} ms; "
-              f"`sync` (not timed) before each run; {_load()} at the row's end"))
+              f"the disk settled (not timed: settle_disk) before each run, the order of the "
+              f"kinds reversed every other round; {_load()} at the row's end"))
 
 
 def _load() -> str:

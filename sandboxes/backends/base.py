@@ -97,10 +97,17 @@ def collect_output(frames: Iterable[tuple[bytes | None, bytes | None]],
     return out.value(), err.value()
 
 
-def home_tar_argv(home: str) -> list[str]:
+def home_tar_argv(home: str, *, by_name: bool = False) -> list[str]:
     """The `tar` that streams a home dir out, package caches excluded.
-    GNU tar's exit code 1 ("file changed as we read it") is a warning."""
-    return ["tar", "-C", home, "-cf", "-", *HOME_EXCLUDES, "."]
+    GNU tar's exit code 1 ("file changed as we read it") is a warning.
+
+    ``by_name`` (the host's GNU tar only: an image's tar may be busybox's)
+    orders each directory's entries by name, so the bridge's ``.alineo``
+    comes before the rest of the home and a restore finds the session file
+    in the first entries of a checkpoint instead of after reading all of it
+    (sandboxes/archive.py ``session_in``)."""
+    order = ["--sort=name"] if by_name else []
+    return ["tar", "-C", home, "-cf", "-", *order, *HOME_EXCLUDES, "."]
 
 
 def home_untar_argv(home: str) -> list[str]:

@@ -341,7 +341,7 @@ class HostDirBackend(SandboxBackend):
         # cwd = the home, entered before the tool drops to the owner (who may
         # not pass through the data dir to reach it).
         with tempfile.TemporaryFile() as errf:
-            proc = subprocess.Popen(home_tar_argv("."), cwd=home, stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(home_tar_argv(".", by_name=True), cwd=home, stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=errf,
                                     **self._as_owner(sandbox_id))
             code = yield from procs.drain(proc)  # an early stop: tar gets SIGPIPE

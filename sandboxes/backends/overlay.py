@@ -106,7 +106,7 @@ def upper_home_fd(info: dict, home: str) -> int | None:
 def tar_out(sandbox_id: str, fd: int) -> Iterator[bytes]:
     """The home under ``fd`` as tar (package caches excluded); closes ``fd``."""
     try:
-        argv = home_tar_argv(f"/proc/self/fd/{fd}")
+        argv = home_tar_argv(f"/proc/self/fd/{fd}", by_name=True)
         with tempfile.TemporaryFile() as errf:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=errf, pass_fds=(fd,))

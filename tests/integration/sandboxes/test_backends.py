@@ -109,6 +109,22 @@ def test_home_roundtrip_through_tar(sandboxes):
     assert _member(b"".join(b.read_home(sid)), "./notes/new.txt") == b"written from the host\n"
 
 
+def test_the_session_file_comes_first_in_a_home_tar(sandboxes):
+    """A restore reads the bridge's session file out of the checkpoint
+    (sandboxes/archive.py session_in) before and beside the extraction: the
+    host's tar orders entries by name, so it is found in the first entries
+    and not after every file of a big home (issue 17)."""
+    b = sandboxes.backend
+    sid = sandboxes.started()
+    script = ("mkdir -p a w && for i in $(seq 1 300); do echo $i > w/f$i; echo $i > a/$i; done && "
+              "mkdir -p .alineo && echo '{}' > .alineo/session.json && echo late > 0late")
+    assert b.exec(sid, ["sh", "-c", script]).ok
+    with tarfile.open(fileobj=io.BytesIO(b"".join(b.read_home(sid))), mode="r") as tf:
+        names = tf.getnames()
+    assert names.index("./.alineo/session.json") < 5, names[:10]
+    assert names.index("./.alineo/session.json") < names.index("./0late") < names.index("./a/1")
+
+
 def test_pack_and_unpack_home_zstd(sandboxes):
     b = sandboxes.backend
     src = sandboxes.started("agent-src")
