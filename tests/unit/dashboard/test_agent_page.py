@@ -57,7 +57,8 @@ def test_side_panel_shows_restores_and_checkpoints(logged_in, make_agent):
     Checkpoint.objects.create(agent=agent, sandbox_id="sb-2", turn=3, through_seq=2,
                               bytes=2_500_000, expires_at=now + timezone.timedelta(days=29))
     html = logged_in.get(f"/agents/{agent.id}/").content.decode()
-    assert "sandbox gone" in html and "sb-1 → sb-2" in html and "last restore: restore" in html
+    assert "sandbox gone" in html and "sb-1 → sb-2" in html
+    assert 'id="head-restore"' in html and "restored from its latest checkpoint" in html
     assert "<td>3</td><td>2.4 MB</td>" in html and "in 28 d" in html
 
 

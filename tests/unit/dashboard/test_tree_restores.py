@@ -80,3 +80,21 @@ def test_the_agent_page_says_what_each_restore_lost(logged_in, make_agent):
     side = html[html.index('id="side"'):]
     assert "Restored from the checkpoint of turn 3 — later file changes lost" in side
     assert "Reattached — nothing lost" in side
+
+
+def head(html: str) -> str:
+    start = html.index('class="head-facts"')
+    return html[start:html.index("</div>", start)]
+
+
+def test_the_agent_header_follows_the_tree_rule(logged_in, make_agent):
+    # Audit item 9: the header showed only the latest restore and hid it when
+    # that was a reattach, so after rebuild-then-reattach it said nothing.
+    rebuilt = make_agent(facts=[SPAWNED, ("agent.restored", {"rung": "rebuild", "reason": "x"}),
+                                REATTACH])
+    shown = head(logged_in.get(f"/agents/{rebuilt.id}/").content.decode())
+    assert "rebuilt from the conversation only — files lost" in shown
+    assert "reattached" not in shown
+    quiet = make_agent(facts=[SPAWNED, REATTACH])
+    shown = head(logged_in.get(f"/agents/{quiet.id}/").content.decode())
+    assert 'id="head-restore"' not in shown and "reattached" not in shown
