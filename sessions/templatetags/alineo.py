@@ -196,23 +196,58 @@ def _is_long(text: str) -> bool:
     return len(text) > LONG_CHARS or text.count("\n") >= LONG_LINES
 
 
+#: Blocks whose kind is plain from what they hold; any other says its label.
+PLAIN_BLOCKS = ("command", "path", "input", "output", "stderr")
+
+
 def _block(label: str, value, long: bool | None = None) -> dict:
     text = _raw(value)
     return {"label": label, "text": text, "long": _is_long(text) if long is None else long,
+            "labelled": label not in PLAIN_BLOCKS,
             "size": len(text), "bytes": filesize(len(text.encode("utf-8", "replace"))),
             "lines": text.count("\n") + 1}
 
 
+#: Shell tools by the names harnesses give them: the built-in bridge's and
+#: Pi's ``bash`` (sandboxes/bridge/tools.py, pi_rpc.PI_TOOLS), and ``run``,
+#: which older transcripts carry.
+SHELL_TOOLS = ("bash", "run")
+#: Keys a shell tool's input may have besides its command (Pi's and ours: a timeout).
+SHELL_EXTRAS = {"timeout"}
+#: The file tools' keys: ours (path, content, old, new) and Pi's (offset,
+#: limit, edits of {oldText, newText}).
+FILE_KEYS = {"path", "content", "old", "new", "offset", "limit", "edits"}
+
+
 def _tool_input(name, value) -> list[dict]:
-    """A tool call's input as the operator reads it: the command of ``run``, the
-    path (and text) of the file tools, else the JSON."""
+    """A tool call's input as the operator reads it: ``$ command`` for a shell
+    tool (or any tool whose input is only a command), the path first for the
+    file tools, else the JSON."""
     value = value if isinstance(value, dict) else {"input": value}
-    if name == "run" and isinstance(value.get("command"), str):
-        return [_block("command", "$ " + value["command"])]
-    if isinstance(value.get("path"), str) and set(value) <= {"path", "content", "old", "new"}:
-        rest = {k: v for k, v in value.items() if k != "path"}
-        return [_block("path", value["path"])] + [_block(k, v) for k, v in sorted(rest.items())]
+    command = value.get("command")
+    if isinstance(command, str) and (name in SHELL_TOOLS or set(value) <= {"command"} | SHELL_EXTRAS):
+        rest = {k: v for k, v in value.items() if k != "command"}
+        return [_block("command", "$ " + command)] + [_block(k, v) for k, v in sorted(rest.items())]
+    if isinstance(value.get("path"), str) and set(value) <= FILE_KEYS:
+        return [_block("path", value["path"])] + _file_details(value)
     return [_block("input", value)]
+
+
+def _file_details(value: dict) -> list[dict]:
+    """What a file tool does besides naming its path; Pi's edits read as old/new pairs."""
+    rest = {k: v for k, v in value.items() if k not in ("path", "edits")}
+    blocks = [_block(k, v) for k, v in sorted(rest.items())]
+    edits = value.get("edits")
+    if edits is None:
+        return blocks
+    pairs = edits if isinstance(edits, list) and all(
+        isinstance(e, dict) and set(e) <= {"oldText", "newText"} for e in edits) else None
+    if pairs is None:  # not Pi's shape: shown as it came
+        return blocks + [_block("edits", edits)]
+    for i, edit in enumerate(pairs, 1):
+        n = f" {i}" if len(pairs) > 1 else ""
+        blocks += [_block(f"old{n}", edit.get("oldText", "")), _block(f"new{n}", edit.get("newText", ""))]
+    return blocks
 
 
 _TITLES = {

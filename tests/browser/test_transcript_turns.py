@@ -6,6 +6,7 @@ scroll-up paging folds a reply split across pages. Rows stay keyed by seq."""
 
 import json
 
+import httpx
 import pytest
 
 from .conftest import assert_contiguous, screenshot, seqs
@@ -82,7 +83,7 @@ def test_a_tool_call_shows_its_result_and_long_output_collapses(server, actor, p
         ("agent.spawned", {"spec": {"model": "demo"}}),
         ("turn.started", {"turn": 1}),
         ("message.user", {"turn": 1, "text": "run: seq 400"}),
-        ("tool.dispatched", {"turn": 1, "tool_call_id": "c1", "name": "run",
+        ("tool.dispatched", {"turn": 1, "tool_call_id": "c1", "name": "bash",
                              "input": {"command": "seq 400"}}),
         ("tool.result", {"turn": 1, "tool_call_id": "c1", "output": output, "exit_code": 3}),
         ("turn.finished", {"turn": 1, "text": ""}),
@@ -118,3 +119,23 @@ def test_scroll_up_folds_a_reply_split_across_pages(server, actor, page):
     assert visible_messages(page) == ["".join(chunks)]  # still one message
     assert page.locator("#row-3").is_visible()  # now headed by the first delta
     assert_contiguous(seqs(page))
+
+
+def test_a_real_demo_agent_shows_its_shell_command(server, actor, page):
+    # Through the worker and the bridge, which name the shell tool `bash`: the
+    # call reads `$ echo hi`, not the raw JSON of its input, with its output inside.
+    r = httpx.post(f"{server.url}/api/agents", json={"spec": {"model": "demo"}, "prompt": "run: echo hi"},
+                   headers=actor.auth, timeout=30)
+    assert r.status_code == 201, r.text
+    agent = r.json()["id"]
+    try:
+        page.goto(f"{server.url}/agents/{agent}/")
+        call = page.locator("#rows > li[data-type='tool.dispatched']")
+        call.locator(".tool-result").wait_for(timeout=90_000)
+        assert "Tool call · bash" in call.locator(".etype").inner_text()
+        assert call.locator("pre[aria-label=command]").inner_text() == "$ echo hi"
+        assert call.locator(".tool-result pre[aria-label=output]").inner_text().strip() == "hi"
+        assert '"command"' not in call.inner_text()
+        assert "exit 0" in call.locator(".tool-status").inner_text()
+    finally:
+        httpx.post(f"{server.url}/api/agents/{agent}/stop", headers=actor.auth, json={}, timeout=30)

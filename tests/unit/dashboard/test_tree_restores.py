@@ -65,7 +65,7 @@ def test_the_time_shown_is_the_last_activity(logged_in, make_agent):
 
 
 def test_a_running_turn_counts_its_tool_calls(logged_in, make_agent):
-    calls = [("tool.dispatched", {"turn": 1, "tool_call_id": f"c{i}", "name": "run",
+    calls = [("tool.dispatched", {"turn": 1, "tool_call_id": f"c{i}", "name": "bash",
                                   "input": {"command": "true"}}) for i in range(12)]
     agent = make_agent(facts=[SPAWNED, ("turn.started", {"turn": 1}), *calls])
     assert "12 tool calls" in node(logged_in.get("/").content.decode(), agent.id)
