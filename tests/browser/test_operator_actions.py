@@ -3,6 +3,9 @@ idle agent offers no Steer or Interrupt, Stop asks first, "fork from here" makes
 a named fork whose page says it is a fork and shows what it inherited; status
 icons are drawn (inline SVG), not empty boxes."""
 
+import time
+
+import httpx
 import pytest
 
 from .conftest import screenshot
@@ -14,6 +17,20 @@ TURN = [("agent.spawned", {"spec": {"model": "demo", "name": "builder"}}),
         ("message.user", {"turn": 1, "text": "write the parser"}),
         ("message.assistant", {"turn": 1, "text": "the parser is written"}),
         ("turn.finished", {"turn": 1, "text": "the parser is written"})]
+
+
+def fork_command_state(server, actor, fork: str) -> str:
+    """The fork's own command, once the worker has acted on it (GET /api/commands/{id})."""
+    command = server.django("from sessions.models import Command\n"
+                            f"result = Command.objects.get(agent_id={fork!r}, verb='fork').pk\n")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        state = httpx.get(f"{server.url}/api/commands/{command}", headers=actor.auth,
+                          timeout=30).json()["state"]
+        if state != "pending":
+            return state
+        time.sleep(0.2)
+    return "pending"
 
 
 def test_fork_from_here_and_stop_with_confirmation(server, actor, page):
@@ -39,6 +56,13 @@ def test_fork_from_here_and_stop_with_confirmation(server, actor, page):
     page.click("#inherited summary")
     inherited = page.locator("#inherited").inner_text()
     assert "write the parser" in inherited and "the parser is written" in inherited
+    # Bug 1: the fork's own command ends done, and no "Command failed" row is logged.
+    assert fork_command_state(server, actor, fork) == "done"
+    page.reload()
+    page.locator("#transcript[data-state=live]").wait_for()
+    page.check("#show-system")  # command echoes and failures are system events
+    assert page.locator("#rows > li[data-type='command.failed']").count() == 0
+    assert "Command failed" not in page.locator("#rows").inner_text()
 
     # Stop asks first: the button is inside a confirmation that says what stays.
     page.goto(f"{server.url}/agents/{agent}/")
