@@ -75,23 +75,38 @@ def _aware(value) -> datetime | None:
         return None
 
 
+WEEK = 7 * 86400
+
+
 def relative(value, now: datetime | None = None) -> str:
-    """'just now', '42 s ago', '5 min ago', '3 h ago', '2 d ago' (or 'in …' for the future)."""
+    """'just now', '42 s ago', '5 min ago', '3 h ago', '2 d ago'; the future
+    as what is left (alineo.js's rel() says the same)."""
     value = _aware(value)
     if value is None:
         return ""
     now = now or datetime.now(timezone.utc)
     seconds = (now - value).total_seconds()
-    future, seconds = seconds < 0, abs(seconds)
-    if seconds < 5:
+    if abs(seconds) < 5:
         return "just now"
+    if seconds < 0:
+        return "in " + time_left(-seconds)
     for limit, unit, size in ((60, "s", 1), (3600, "min", 60), (86400, "h", 3600)):
         if seconds < limit:
-            n = int(seconds // size)
-            break
-    else:
-        n, unit = int(seconds // 86400), "d"
-    return f"in {n} {unit}" if future else f"{n} {unit} ago"
+            return f"{int(seconds // size)} {unit} ago"
+    return f"{int(seconds // 86400)} d ago"
+
+
+def time_left(seconds: float) -> str:
+    """Time to come, not floored to a whole day: an expiry 5.99 days away is
+    '5 d 23 h', not '5 d'. Hours under a week, else the nearest day."""
+    if seconds < 60:
+        return f"{int(seconds)} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min"
+    if seconds >= WEEK:
+        return f"{round(seconds / 86400)} d"
+    days, hours = divmod(int(seconds // 3600), 24)
+    return " ".join(part for part in (f"{days} d" if days else "", f"{hours} h" if hours else "") if part)
 
 
 @register.filter

@@ -3,6 +3,7 @@ the bridge's (the sandbox is a boundary), so nothing in it may make a page 500."
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
 import pytest
@@ -86,3 +87,22 @@ def test_pi_file_tools_show_their_path_first():
 def test_edits_of_another_shape_show_as_they_came(edits):
     shown = blocks("edit", {"path": "a.py", "edits": edits})
     assert shown[0] == ("path", "a.py") and shown[1][0] == "edits"
+
+
+@pytest.mark.parametrize("ahead, shown", [
+    (timedelta(days=5.99), "in 5 d 23 h"),   # not floored to "in 5 d"
+    (timedelta(days=6), "in 6 d"),
+    (timedelta(hours=23, minutes=59), "in 23 h"),
+    (timedelta(minutes=42), "in 42 min"),
+    (timedelta(days=29, hours=23), "in 30 d"),  # a week or more: the nearest day
+    (timedelta(days=10, hours=2), "in 10 d"),
+])
+def test_time_to_come_is_shown_honestly(ahead, shown):
+    now = datetime(2026, 3, 1, tzinfo=timezone.utc)
+    assert alineo.relative(now + ahead, now=now) == shown
+
+
+def test_time_past_is_floored_as_before():
+    now = datetime(2026, 3, 1, tzinfo=timezone.utc)
+    assert alineo.relative(now - timedelta(days=2.9), now=now) == "2 d ago"
+    assert alineo.relative(now + timedelta(seconds=2), now=now) == "just now"
