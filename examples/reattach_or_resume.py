@@ -76,7 +76,8 @@ def main() -> int:
         return 3
     except AuthError as exc:
         print(f"the server at {args.url} refused the token ({exc.code}); issue one with "
-              "manage.py issue_token USERNAME, run with the server's ALINEO_DATA_DIR", file=sys.stderr)
+              "manage.py issue_token USERNAME, run with the server's ALINEO_DATA_DIR",
+              file=sys.stderr)
         return 1
     except TransportError as exc:
         print(f"cannot reach Alineo at {args.url} ({exc.message}); is the server running?",

@@ -106,7 +106,8 @@ def time_left(seconds: float) -> str:
     if seconds >= WEEK:
         return f"{round(seconds / 86400)} d"
     days, hours = divmod(int(seconds // 3600), 24)
-    return " ".join(part for part in (f"{days} d" if days else "", f"{hours} h" if hours else "") if part)
+    parts = (f"{days} d" if days else "", f"{hours} h" if hours else "")
+    return " ".join(part for part in parts if part)
 
 
 @register.filter
@@ -240,7 +241,8 @@ def _tool_input(name, value) -> list[dict]:
     file tools, else the JSON."""
     value = value if isinstance(value, dict) else {"input": value}
     command = value.get("command")
-    if isinstance(command, str) and (name in SHELL_TOOLS or set(value) <= {"command"} | SHELL_EXTRAS):
+    only_a_command = set(value) <= {"command"} | SHELL_EXTRAS
+    if isinstance(command, str) and (name in SHELL_TOOLS or only_a_command):
         rest = {k: v for k, v in value.items() if k != "command"}
         return [_block("command", "$ " + command)] + [_block(k, v) for k, v in sorted(rest.items())]
     if isinstance(value.get("path"), str) and set(value) <= FILE_KEYS:
@@ -261,7 +263,8 @@ def _file_details(value: dict) -> list[dict]:
         return blocks + [_block("edits", edits)]
     for i, edit in enumerate(pairs, 1):
         n = f" {i}" if len(pairs) > 1 else ""
-        blocks += [_block(f"old{n}", edit.get("oldText", "")), _block(f"new{n}", edit.get("newText", ""))]
+        blocks += [_block(f"old{n}", edit.get("oldText", "")),
+                   _block(f"new{n}", edit.get("newText", ""))]
     return blocks
 
 
