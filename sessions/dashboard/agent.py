@@ -88,7 +88,9 @@ def _restore(seq, etype, data, ts) -> dict:
 def agent_context(agent, user) -> dict:
     info = summarize(agent)
     children = list(agent.children.order_by("created_at", "id"))
+    # The header follows the tree's rule: the most severe restore of the last day, not the latest.
     return {**info, **side_context(agent), "children": children, "version": agent_version(agent),
+            "restore": restores.notable([agent.id]).get(agent.id),
             "worker": _driving_worker(agent), "approval": _approval(agent, user)}
 
 

@@ -16,7 +16,6 @@ from django.shortcuts import redirect, render
 from .. import journal
 from ..access import visible_agent, workspaces_of
 from ..models import ENDED, Agent, AgentStatus
-from . import restores
 
 
 def _is_fragment(request) -> bool:
@@ -76,10 +75,11 @@ def agent_or_404(user, agent_id: str) -> Agent:
 
 
 def summarize(agent: Agent) -> dict:
-    """Status, the running turn's progress and the last restore rung of one agent."""
+    """Status and the running turn's progress of one agent (its notable restore:
+    restores.notable, for many agents at once)."""
     status, reason = journal.effective_status(agent)
     info = {"agent": agent, "status": status, "reason": reason, "turn": None,
-            "turns": None, "last_restore": None, "ended": status in ENDED}
+            "turns": None, "ended": status in ENDED}
     if agent.last_seq == 0:
         return info
     try:
@@ -87,9 +87,7 @@ def summarize(agent: Agent) -> dict:
     except journal.Unrecoverable as exc:
         info.update(status=AgentStatus.UNRECOVERABLE.value, reason=str(exc), ended=True)
         return info
-    last = state.get("last_restore")
-    info.update(turn=state.get("current_turn"), turns=state.get("turns"), last_restore=last,
-                last_restore_outcome=restores.outcome({"data": last}) if last else "")
+    info.update(turn=state.get("current_turn"), turns=state.get("turns"))
     return info
 
 

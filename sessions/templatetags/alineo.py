@@ -75,23 +75,39 @@ def _aware(value) -> datetime | None:
         return None
 
 
+WEEK = 7 * 86400
+
+
 def relative(value, now: datetime | None = None) -> str:
-    """'just now', '42 s ago', '5 min ago', '3 h ago', '2 d ago' (or 'in …' for the future)."""
+    """'just now', '42 s ago', '5 min ago', '3 h ago', '2 d ago'; the future
+    as what is left (alineo.js's rel() says the same)."""
     value = _aware(value)
     if value is None:
         return ""
     now = now or datetime.now(timezone.utc)
     seconds = (now - value).total_seconds()
-    future, seconds = seconds < 0, abs(seconds)
-    if seconds < 5:
+    if abs(seconds) < 5:
         return "just now"
+    if seconds < 0:
+        return "in " + time_left(-seconds)
     for limit, unit, size in ((60, "s", 1), (3600, "min", 60), (86400, "h", 3600)):
         if seconds < limit:
-            n = int(seconds // size)
-            break
-    else:
-        n, unit = int(seconds // 86400), "d"
-    return f"in {n} {unit}" if future else f"{n} {unit} ago"
+            return f"{int(seconds // size)} {unit} ago"
+    return f"{int(seconds // 86400)} d ago"
+
+
+def time_left(seconds: float) -> str:
+    """Time to come, not floored to a whole day: an expiry 5.99 days away is
+    '5 d 23 h', not '5 d'. Hours under a week, else the nearest day."""
+    if seconds < 60:
+        return f"{int(seconds)} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min"
+    if seconds >= WEEK:
+        return f"{round(seconds / 86400)} d"
+    days, hours = divmod(int(seconds // 3600), 24)
+    parts = (f"{days} d" if days else "", f"{hours} h" if hours else "")
+    return " ".join(part for part in parts if part)
 
 
 @register.filter
@@ -196,23 +212,60 @@ def _is_long(text: str) -> bool:
     return len(text) > LONG_CHARS or text.count("\n") >= LONG_LINES
 
 
+#: Blocks whose kind is plain from what they hold; any other says its label.
+PLAIN_BLOCKS = ("command", "path", "input", "output", "stderr")
+
+
 def _block(label: str, value, long: bool | None = None) -> dict:
     text = _raw(value)
     return {"label": label, "text": text, "long": _is_long(text) if long is None else long,
+            "labelled": label not in PLAIN_BLOCKS,
             "size": len(text), "bytes": filesize(len(text.encode("utf-8", "replace"))),
             "lines": text.count("\n") + 1}
 
 
+#: Shell tools by the names harnesses give them: the built-in bridge's and
+#: Pi's ``bash`` (sandboxes/bridge/tools.py, pi_rpc.PI_TOOLS), and ``run``,
+#: which older transcripts carry.
+SHELL_TOOLS = ("bash", "run")
+#: Keys a shell tool's input may have besides its command (Pi's and ours: a timeout).
+SHELL_EXTRAS = {"timeout"}
+#: The file tools' keys: ours (path, content, old, new) and Pi's (offset,
+#: limit, edits of {oldText, newText}).
+FILE_KEYS = {"path", "content", "old", "new", "offset", "limit", "edits"}
+
+
 def _tool_input(name, value) -> list[dict]:
-    """A tool call's input as the operator reads it: the command of ``run``, the
-    path (and text) of the file tools, else the JSON."""
+    """A tool call's input as the operator reads it: ``$ command`` for a shell
+    tool (or any tool whose input is only a command), the path first for the
+    file tools, else the JSON."""
     value = value if isinstance(value, dict) else {"input": value}
-    if name == "run" and isinstance(value.get("command"), str):
-        return [_block("command", "$ " + value["command"])]
-    if isinstance(value.get("path"), str) and set(value) <= {"path", "content", "old", "new"}:
-        rest = {k: v for k, v in value.items() if k != "path"}
-        return [_block("path", value["path"])] + [_block(k, v) for k, v in sorted(rest.items())]
+    command = value.get("command")
+    only_a_command = set(value) <= {"command"} | SHELL_EXTRAS
+    if isinstance(command, str) and (name in SHELL_TOOLS or only_a_command):
+        rest = {k: v for k, v in value.items() if k != "command"}
+        return [_block("command", "$ " + command)] + [_block(k, v) for k, v in sorted(rest.items())]
+    if isinstance(value.get("path"), str) and set(value) <= FILE_KEYS:
+        return [_block("path", value["path"])] + _file_details(value)
     return [_block("input", value)]
+
+
+def _file_details(value: dict) -> list[dict]:
+    """What a file tool does besides naming its path; Pi's edits read as old/new pairs."""
+    rest = {k: v for k, v in value.items() if k not in ("path", "edits")}
+    blocks = [_block(k, v) for k, v in sorted(rest.items())]
+    edits = value.get("edits")
+    if edits is None:
+        return blocks
+    pairs = edits if isinstance(edits, list) and all(
+        isinstance(e, dict) and set(e) <= {"oldText", "newText"} for e in edits) else None
+    if pairs is None:  # not Pi's shape: shown as it came
+        return blocks + [_block("edits", edits)]
+    for i, edit in enumerate(pairs, 1):
+        n = f" {i}" if len(pairs) > 1 else ""
+        blocks += [_block(f"old{n}", edit.get("oldText", "")),
+                   _block(f"new{n}", edit.get("newText", ""))]
+    return blocks
 
 
 _TITLES = {

@@ -21,15 +21,25 @@
   var A = (window.alineo = {});
 
   // --- relative times ----------------------------------------------------------
+  // As sessions/templatetags/alineo.py relative(): the past floored to its unit,
+  // the future as what is left (an expiry 5.99 days away is "in 5 d 23 h", not "in 5 d").
   function rel(ms) {
     var s = (Date.now() - ms) / 1000, future = s < 0; s = Math.abs(s);
     if (s < 5) return "just now";
+    if (future) return "in " + timeLeft(s);
     var n, u;
     if (s < 60) { n = Math.floor(s); u = "s"; }
     else if (s < 3600) { n = Math.floor(s / 60); u = "min"; }
     else if (s < 86400) { n = Math.floor(s / 3600); u = "h"; }
     else { n = Math.floor(s / 86400); u = "d"; }
-    return future ? "in " + n + " " + u : n + " " + u + " ago";
+    return n + " " + u + " ago";
+  }
+  function timeLeft(s) {
+    if (s < 60) return Math.floor(s) + " s";
+    if (s < 3600) return Math.floor(s / 60) + " min";
+    if (s >= 7 * 86400) return Math.round(s / 86400) + " d";
+    var h = Math.floor(s / 3600), d = Math.floor(h / 24); h = h % 24;
+    return [d ? d + " d" : "", h ? h + " h" : ""].filter(Boolean).join(" ");
   }
   function elapsed(ms) {
     var s = Math.max(0, Math.floor((Date.now() - ms) / 1000));

@@ -5,6 +5,7 @@ Every turn, steer and status seen here comes from the server's own worker and
 a real sandbox: the test journals nothing itself, so a worker that does not
 answer fails it (issue 16, hole 5)."""
 
+import httpx
 import pytest
 
 from .conftest import assert_contiguous, screenshot, seqs
@@ -53,7 +54,6 @@ def test_spawn_watch_reply_and_steer(server, actor, page):
     assert steer_rows.count() == 1
     assert_contiguous(seqs(page))
     page.locator("#agent-live .status-idle").wait_for()
-    screenshot(page, "agent")
 
 
 def test_child_appears_in_the_tree_live(server, actor, page, new_page):
@@ -80,3 +80,44 @@ def test_child_appears_in_the_tree_live(server, actor, page, new_page):
     narrow.goto(server.url + "/")
     narrow.locator(f"#node-{child}").wait_for()
     assert narrow.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+
+
+def test_the_agent_page_after_its_sandbox_was_lost(server, actor, page):
+    """A real restore (its sandbox removed behind the control plane's back): the
+    header and the side panel say what it lost, the checkpoints are listed, and
+    the next turn runs on the restored home. The README's agent.png."""
+    spec = {"model": "demo", "checkpoint": True, "name": "builder"}
+    r = httpx.post(f"{server.url}/api/agents", headers=actor.auth, timeout=30, json={
+        "spec": spec, "prompt": "write notes.txt: kept by the checkpoint\nrun: ls"})
+    assert r.status_code == 201, r.text
+    agent = r.json()["id"]
+    try:
+        page.goto(f"{server.url}/agents/{agent}/")
+        checkpoints = page.locator("#side section", has=page.locator("h2", has_text="Checkpoints"))
+        checkpoints.locator("tbody tr").first.wait_for(timeout=WORKER_MS)  # turn 1's
+        remove_sandbox(server, agent)
+        r = httpx.post(f"{server.url}/api/agents/{agent}/prompt", headers=actor.auth, timeout=30,
+                       json={"text": "read: notes.txt"})
+        assert r.status_code == 202, r.text
+        lost = "Restored from the checkpoint of turn 1 — later file changes lost"
+        page.locator("#side", has_text=lost).wait_for(timeout=WORKER_MS)
+        page.locator("#head-restore", has_text=lost.lower()[:40]).wait_for()
+        # Turn 2 reads the file turn 1 wrote: the home came back from the checkpoint.
+        read = page.locator("#rows > li[data-type='tool.dispatched'][data-turn='2'] .tool-result")
+        read.wait_for(timeout=WORKER_MS)
+        assert read.locator("pre[aria-label=output]").inner_text().strip() == "kept by the checkpoint"
+        checkpoints.locator("tbody tr").nth(1).wait_for(timeout=WORKER_MS)  # turn 2's too
+        page.locator("#agent-live .status-idle").wait_for()
+        page.evaluate("window.scrollTo(0, 0)")
+        screenshot(page, "agent")
+    finally:
+        httpx.post(f"{server.url}/api/agents/{agent}/stop", headers=actor.auth, json={}, timeout=30)
+
+
+def remove_sandbox(server, agent: str) -> None:
+    """Remove the agent's sandbox through the server's own backend (docker rm -f,
+    or the local backend's remove), behind the control plane's back."""
+    server.django(
+        "from sandboxes.backends import backend_for\nfrom sessions.models import Agent\n"
+        f"a = Agent.objects.get(pk={agent!r})\n"
+        "backend_for(a.sandbox_host).remove(a.sandbox_id)\nresult = a.sandbox_id\n")

@@ -3,6 +3,9 @@ idle agent offers no Steer or Interrupt, Stop asks first, "fork from here" makes
 a named fork whose page says it is a fork and shows what it inherited; status
 icons are drawn (inline SVG), not empty boxes."""
 
+import time
+
+import httpx
 import pytest
 
 from .conftest import screenshot
@@ -14,6 +17,20 @@ TURN = [("agent.spawned", {"spec": {"model": "demo", "name": "builder"}}),
         ("message.user", {"turn": 1, "text": "write the parser"}),
         ("message.assistant", {"turn": 1, "text": "the parser is written"}),
         ("turn.finished", {"turn": 1, "text": "the parser is written"})]
+
+
+def fork_command_state(server, actor, fork: str) -> str:
+    """The fork's own command, once the worker has acted on it (GET /api/commands/{id})."""
+    command = server.django("from sessions.models import Command\n"
+                            f"result = Command.objects.get(agent_id={fork!r}, verb='fork').pk\n")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        state = httpx.get(f"{server.url}/api/commands/{command}", headers=actor.auth,
+                          timeout=30).json()["state"]
+        if state != "pending":
+            return state
+        time.sleep(0.2)
+    return "pending"
 
 
 def test_fork_from_here_and_stop_with_confirmation(server, actor, page):
@@ -39,6 +56,13 @@ def test_fork_from_here_and_stop_with_confirmation(server, actor, page):
     page.click("#inherited summary")
     inherited = page.locator("#inherited").inner_text()
     assert "write the parser" in inherited and "the parser is written" in inherited
+    # Bug 1: the fork's own command ends done, and no "Command failed" row is logged.
+    assert fork_command_state(server, actor, fork) == "done"
+    page.reload()
+    page.locator("#transcript[data-state=live]").wait_for()
+    page.check("#show-system")  # command echoes and failures are system events
+    assert page.locator("#rows > li[data-type='command.failed']").count() == 0
+    assert "Command failed" not in page.locator("#rows").inner_text()
 
     # Stop asks first: the button is inside a confirmation that says what stays.
     page.goto(f"{server.url}/agents/{agent}/")
@@ -49,7 +73,8 @@ def test_fork_from_here_and_stop_with_confirmation(server, actor, page):
     page.locator(f"#actions-{agent} .note-success", has_text="Stop sent").wait_for()
 
 
-def test_the_composer_under_the_transcript_sends_on_ctrl_enter(server, actor, page):
+@pytest.mark.parametrize("keys", ["Control+Enter", "Meta+Enter"])  # Meta: ⌘ on a Mac
+def test_the_composer_under_the_transcript_sends_on_ctrl_or_cmd_enter(server, actor, page, keys):
     agent = server.create_agent(actor, TURN)
     page.goto(f"{server.url}/agents/{agent}/")
     page.locator("#transcript[data-state=live]").wait_for()
@@ -58,7 +83,7 @@ def test_the_composer_under_the_transcript_sends_on_ctrl_enter(server, actor, pa
         >= document.getElementById('transcript').getBoundingClientRect().bottom""")
     assert below, "the composer sits under the transcript"
     composer.fill("say: sent with the keyboard")
-    composer.press("Control+Enter")
+    composer.press(keys)
     page.locator(f"#actions-{agent} .note-success", has_text="Prompt sent").wait_for()
     assert composer.input_value() == ""
     page.locator("#rows > li[data-type='command.prompt']").wait_for(state="attached")
@@ -80,7 +105,12 @@ window.Notification.requestPermission = function () { return Promise.resolve('gr
 """
 
 
-def test_opt_in_notification_when_a_turn_ends(server, actor, page):
+@pytest.mark.parametrize("end, data, title", [
+    ("turn.finished", {"turn": 1, "text": ""}, "Turn 1 finished"),
+    ("turn.interrupted", {"turn": 1, "text": "so far"}, "Turn 1 was interrupted"),
+    ("agent.lost", {"reason": "sandbox_unrecoverable"}, "The agent is lost"),
+])
+def test_opt_in_notification_when_a_turn_ends(server, actor, page, end, data, title):
     # The browser's notification centre is not observable headless: the page's
     # Notification is recorded instead, after the operator opts in.
     page.add_init_script(RECORD_NOTIFICATIONS)
@@ -93,6 +123,6 @@ def test_opt_in_notification_when_a_turn_ends(server, actor, page):
     page.locator(f"#row-{seq}").wait_for(state="attached")
     assert page.evaluate("window.__notes") == []
     server.django("from sessions import journal\n"
-                  f"journal.append({agent!r}, 'turn.finished', {{'turn': 1, 'text': ''}})\n")
+                  f"journal.append({agent!r}, {end!r}, {data!r})\n")
     page.wait_for_function("() => window.__notes.length === 1")
-    assert page.evaluate("window.__notes[0]").startswith("Turn 1 finished")
+    assert page.evaluate("window.__notes[0]") == f"{title} · {agent}"

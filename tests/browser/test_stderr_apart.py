@@ -10,7 +10,7 @@ pytestmark = pytest.mark.live
 
 
 def call(cid, command):
-    return ("tool.dispatched", {"turn": 1, "tool_call_id": cid, "name": "run", "input": {"command": command}})
+    return ("tool.dispatched", {"turn": 1, "tool_call_id": cid, "name": "bash", "input": {"command": command}})
 
 
 def test_a_tool_result_shows_stderr_apart(server, actor, page):
@@ -18,10 +18,10 @@ def test_a_tool_result_shows_stderr_apart(server, actor, page):
         ("agent.spawned", {"spec": {"model": "demo"}}), ("turn.started", {"turn": 1}),
         ("message.user", {"turn": 1, "text": "run: make"}),
         call("c-new", "make"),
-        ("tool.result", {"turn": 1, "tool_call_id": "c-new", "name": "run", "output": "building\n",
+        ("tool.result", {"turn": 1, "tool_call_id": "c-new", "name": "bash", "output": "building\n",
                          "stderr": "warning: deprecated\n", "exit_code": 0, "is_error": 0}),
         call("c-old", "make again"),
-        ("tool.result", {"turn": 1, "tool_call_id": "c-old", "name": "run",
+        ("tool.result", {"turn": 1, "tool_call_id": "c-old", "name": "bash",
                          "output": "building\nwarning: mixed in\n", "exit_code": 0, "is_error": 0}),
         ("turn.finished", {"turn": 1, "text": ""})])
     page.goto(f"{server.url}/agents/{agent}/")

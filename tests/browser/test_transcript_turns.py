@@ -6,6 +6,7 @@ scroll-up paging folds a reply split across pages. Rows stay keyed by seq."""
 
 import json
 
+import httpx
 import pytest
 
 from .conftest import assert_contiguous, screenshot, seqs
@@ -45,7 +46,6 @@ def test_a_streamed_reply_grows_in_place_live_and_after_a_reload(server, actor, 
         append(server, agent, [["message.delta", {"turn": 1, "text": chunk}]])
         wait_row(page, head + 1 + i)
         assert visible_messages(page) == ["".join(CHUNKS[:i + 1])]
-    screenshot(page, "transcript-streaming")
 
     page.reload()  # mid-stream: the same one message, then it keeps growing
     page.locator("#transcript[data-state=live]").wait_for()
@@ -82,7 +82,7 @@ def test_a_tool_call_shows_its_result_and_long_output_collapses(server, actor, p
         ("agent.spawned", {"spec": {"model": "demo"}}),
         ("turn.started", {"turn": 1}),
         ("message.user", {"turn": 1, "text": "run: seq 400"}),
-        ("tool.dispatched", {"turn": 1, "tool_call_id": "c1", "name": "run",
+        ("tool.dispatched", {"turn": 1, "tool_call_id": "c1", "name": "bash",
                              "input": {"command": "seq 400"}}),
         ("tool.result", {"turn": 1, "tool_call_id": "c1", "output": output, "exit_code": 3}),
         ("turn.finished", {"turn": 1, "text": ""}),
@@ -118,3 +118,47 @@ def test_scroll_up_folds_a_reply_split_across_pages(server, actor, page):
     assert visible_messages(page) == ["".join(chunks)]  # still one message
     assert page.locator("#row-3").is_visible()  # now headed by the first delta
     assert_contiguous(seqs(page))
+
+
+def test_a_real_demo_agent_shows_its_shell_command(server, actor, page):
+    # Through the worker and the bridge, which name the shell tool `bash`: the
+    # call reads `$ echo hi`, not the raw JSON of its input, with its output inside.
+    r = httpx.post(f"{server.url}/api/agents", json={"spec": {"model": "demo"}, "prompt": "run: echo hi"},
+                   headers=actor.auth, timeout=30)
+    assert r.status_code == 201, r.text
+    agent = r.json()["id"]
+    try:
+        page.goto(f"{server.url}/agents/{agent}/")
+        call = page.locator("#rows > li[data-type='tool.dispatched']")
+        call.locator(".tool-result").wait_for(timeout=90_000)
+        assert "Tool call · bash" in call.locator(".etype").inner_text()
+        assert call.locator("pre[aria-label=command]").inner_text() == "$ echo hi"
+        assert call.locator(".tool-result pre[aria-label=output]").inner_text().strip() == "hi"
+        assert '"command"' not in call.inner_text()
+        assert "exit 0" in call.locator(".tool-status").inner_text()
+    finally:
+        httpx.post(f"{server.url}/api/agents/{agent}/stop", headers=actor.auth, json={}, timeout=30)
+
+
+def test_a_real_agents_long_reply_is_one_message_in_its_running_turn(server, actor, page):
+    # Through the worker and the bridge: the reply streams in as deltas, then the
+    # sleep keeps the turn running; the header shows the sandbox and the step.
+    reply = " ".join(WORDS[:90])  # ~800 characters, 16 a delta: the prompt and the reply fit the screen
+    r = httpx.post(f"{server.url}/api/agents", json={"spec": {"model": "demo"},
+                                                     "prompt": f"say: {reply}\nsleep: 60"},
+                   headers=actor.auth, timeout=30)
+    assert r.status_code == 201, r.text
+    agent = r.json()["id"]
+    try:
+        page.goto(f"{server.url}/agents/{agent}/")
+        page.locator("#rows > li[data-type='tool.dispatched']").wait_for(state="attached", timeout=90_000)
+        assert page.locator("#rows > li[data-type='message.delta']").count() > 1  # it streamed
+        messages = visible_messages(page)
+        assert len(messages) == 1 and messages[0].count(WORDS[89]) == 1 and messages[0].endswith(reply)
+        head = page.locator("#agent-live")
+        head.locator(".status-running").wait_for()
+        head.locator(".progress", has_text="1 step, 1 tool call").wait_for()
+        assert "sandbox —" not in " ".join(head.inner_text().split())
+        screenshot(page, "transcript-streaming")
+    finally:
+        httpx.post(f"{server.url}/api/agents/{agent}/stop", headers=actor.auth, json={}, timeout=30)

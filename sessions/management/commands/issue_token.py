@@ -22,10 +22,12 @@ LABEL_MAX = ApiToken._meta.get_field("label").max_length
 
 
 class Command(BaseCommand):
-    help = "Print a new API token for USERNAME (Authorization: Bearer <token>)."
+    help = ("Print a new API token for USERNAME (Authorization: Bearer <token>). It is written to "
+            "the server's database, in ALINEO_DATA_DIR (default ./var, which `make run` uses): run "
+            "this with the server's ALINEO_DATA_DIR.")
 
     def add_arguments(self, parser):
-        parser.add_argument("username")
+        parser.add_argument("username", help="an existing user of the server (e.g. admin)")
         parser.add_argument("--label", default="", help="A note to tell tokens apart (e.g. 'ci').")
 
     def handle(self, *args, username, label, **options):

@@ -113,3 +113,26 @@ def test_anonymous_outsider_and_unknown(anon, outsider_api, api, spawned, method
 def test_wrong_methods_are_405(api, spawned):
     assert_error(api("PUT", f"/api/agents/{spawned}/checkpoints"), 405)  # POST takes one now
     assert_error(api.get(f"/api/agents/{spawned}/fork"), 405)
+
+
+# The driver reads and settles commands in database threads (database_sync_to_async):
+# they see only committed rows.
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_settles_a_fork_command_as_done(api, spawned, monkeypatch):
+    """Bug 1 of issue 15: every fork logged a failure — the worker's driver had
+    no act for the fork's own command ("unknown_verb", a red "Command failed ·
+    fork" row). Provisioning the fork was the act: the command ends done."""
+    import asyncio
+
+    from sessions.worker import driver as driver_mod
+
+    journal.append_many(spawned, [("turn.started", {"turn": 1}), ("message.user", {"text": "hi"})])
+    r = api.post(f"/api/agents/{spawned}/fork", {"at_event": 2})
+    assert r.status_code == 201, r.content
+    fork, command = r.json()["id"], r.json()["command"]
+    assert Command.objects.get(pk=command).verb == "fork"
+    monkeypatch.setattr(driver_mod, "get_backend", lambda: None)  # no sandbox is reached here
+    asyncio.run(driver_mod.AgentDriver(fork)._act_on_commands(None))
+    assert Command.objects.get(pk=command).state == "done"
+    assert not Event.objects.filter(agent_id=fork, type="command.failed").exists()
+    assert api.get(f"/api/commands/{command}").json()["state"] == "done"

@@ -50,3 +50,33 @@ def test_example_new_with_a_bad_url_prints_a_sentence(url):
     assert result.returncode == 1
     assert "Traceback" not in result.stderr, result.stderr
     assert "not an http(s) URL" in result.stderr
+
+
+def _refused_port() -> int:
+    """A port on 127.0.0.1 that nobody listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("args", [["--new"], ["ag_0123456789abcdef"]])
+def test_example_against_a_refused_connection_prints_a_line(args):
+    url = f"http://127.0.0.1:{_refused_port()}"
+    result = subprocess.run(
+        [sys.executable, "examples/reattach_or_resume.py", *args, "--url", url, "--token", "aln_bad",
+         "--retry-for", "0.5"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().count("\n") == 0, result.stderr  # one line
+    assert f"cannot reach Alineo at {url}" in result.stderr and "Connection refused" in result.stderr
+
+
+def test_issue_token_help_names_the_data_dir(tmp_path):
+    result = subprocess.run([sys.executable, "manage.py", "issue_token", "--help"], cwd=ROOT,
+                            env=_env(ALINEO_DATA_DIR=str(tmp_path / "d")), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())  # argparse wraps the description
+    assert "ALINEO_DATA_DIR (default ./var" in text and "server's ALINEO_DATA_DIR" in text

@@ -57,8 +57,9 @@ def test_side_panel_shows_restores_and_checkpoints(logged_in, make_agent):
     Checkpoint.objects.create(agent=agent, sandbox_id="sb-2", turn=3, through_seq=2,
                               bytes=2_500_000, expires_at=now + timezone.timedelta(days=29))
     html = logged_in.get(f"/agents/{agent.id}/").content.decode()
-    assert "sandbox gone" in html and "sb-1 → sb-2" in html and "last restore: restore" in html
-    assert "<td>3</td><td>2.4 MB</td>" in html and "in 28 d" in html
+    assert "sandbox gone" in html and "sb-1 → sb-2" in html
+    assert 'id="head-restore"' in html and "restored from its latest checkpoint" in html
+    assert "<td>3</td><td>2.4 MB</td>" in html and "in 29 d" in html
 
 
 def test_html_in_transcript_is_escaped(logged_in, make_agent):
@@ -95,8 +96,9 @@ def test_the_head_names_the_worker_driving_the_agent_and_the_engine(logged_in, m
 
 def test_side_panel_expiry_follows_a_shortened_policy(logged_in, make_agent):
     """The policy was shortened to 7 days after a checkpoint was taken with 30:
-    the panel says what the API says (in 6 d), and one past the new policy is
-    not offered as live at all."""
+    the panel says what the API says (6 days less the test's own milliseconds
+    left: "in 5 d 23 h", not the floored "in 5 d"), and one past the new
+    policy is not offered as live at all."""
     agent = make_agent(facts=[("agent.spawned", {"spec": {"model": "demo"}})])
     now = timezone.now()
     fresh = Checkpoint.objects.create(agent=agent, sandbox_id="sb-1", turn=4, through_seq=1,
@@ -108,5 +110,5 @@ def test_side_panel_expiry_follows_a_shortened_policy(logged_in, make_agent):
     agent.workspace.checkpoint_max_age_days = 7
     agent.workspace.save()
     html = logged_in.get(f"/agents/{agent.id}/").content.decode()
-    assert "<td>4</td>" in html and "in 5 d" in html and "in 29 d" not in html
+    assert "<td>4</td>" in html and "in 5 d 23 h<" in html and "in 29 d" not in html
     assert "<td>2</td>" not in html  # past the new policy: no longer a checkpoint to count on

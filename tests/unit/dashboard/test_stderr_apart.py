@@ -29,9 +29,9 @@ def result(call_id, **data):
 def test_the_transcript_shows_stderr_apart_and_old_rows_as_before(client, owner, make_agent):
     agent = make_agent(facts=[
         ("agent.spawned", {"spec": {"model": "demo"}}), ("turn.started", {"turn": 1}),
-        ("tool.dispatched", {"turn": 1, "tool_call_id": "new", "name": "run", "input": {"command": "x"}}),
+        ("tool.dispatched", {"turn": 1, "tool_call_id": "new", "name": "bash", "input": {"command": "x"}}),
         result("new", output="to stdout\n", stderr="to stderr\n", exit_code=1, is_error=True),
-        ("tool.dispatched", {"turn": 1, "tool_call_id": "old", "name": "run", "input": {"command": "y"}}),
+        ("tool.dispatched", {"turn": 1, "tool_call_id": "old", "name": "bash", "input": {"command": "y"}}),
         result("old", output="combined out\ncombined err\n", exit_code=0, is_error=False)])
     client.force_login(owner)
     html = client.get(f"/agents/{agent.id}/").content.decode()

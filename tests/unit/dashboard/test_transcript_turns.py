@@ -75,7 +75,7 @@ def test_tool_results_name_their_call_and_system_facts_are_marked(logged_in, mak
         ("agent.spawned", {"spec": {"model": "demo"}}),
         ("command.prompt", {"text": "run: ls"}),
         ("turn.started", {"turn": 1}),
-        ("tool.dispatched", {"turn": 1, "tool_call_id": "c1", "name": "run",
+        ("tool.dispatched", {"turn": 1, "tool_call_id": "c1", "name": "bash",
                              "input": {"command": "ls -la"}}),
         ("bridge.paused", {}),
         ("tool.result", {"turn": 1, "tool_call_id": "c1", "output": "a\nb", "exit_code": 0}),

@@ -112,3 +112,11 @@ def test_the_tree_page_says_nothing_when_sandboxes_are_isolated(logged_in, monke
     monkeypatch.setattr(local, "unavailable_reason", lambda: None)
     monkeypatch.setattr("sessions.dashboard.tree.get_backend", lambda: local)
     assert 'id="sandbox-notice"' not in logged_in.get("/").content.decode()
+
+
+def test_a_first_step_in_flight_is_not_zero_steps(logged_in, make_agent):
+    agent = make_agent(facts=[("agent.spawned", {"spec": {"model": "demo"}}), ("turn.started", {"turn": 1}),
+                              ("message.delta", {"turn": 1, "text": "streaming"})])
+    for html in (logged_in.get("/").content.decode(),
+                 logged_in.get(f"/agents/{agent.id}/").content.decode()):
+        assert "turn 1: <time" in html and "0 steps" not in html
