@@ -93,7 +93,8 @@ run: migrate
 #      scale-out tests' lease timing on 2 cores, so it is off by default. The
 #      services come from ALINEO_TEST_DATABASE_URL + ALINEO_TEST_REDIS_URL when
 #      both are set, else, as root, from .ci/services-up (Debian's postgresql and
-#      redis-server on 127.0.0.1, stopped again afterwards if this run started them).
+#      redis-server on 127.0.0.1, stopped again afterwards if this run started them;
+#      started in the background before pass 1, so their install overlaps it).
 #      ALINEO_TEST_PG=1 requires the pass, =0 skips it; by default it runs when
 #      it can and is skipped LOUDLY when it cannot — except under CI=true, where
 #      a missing PostgreSQL/Redis fails `make test`.
@@ -107,11 +108,15 @@ test: setup
 	  ALINEO_DATA_DIR=$$(mktemp -d) $(PY) manage.py build_base_image; \
 	fi
 	@data_dir=$$(mktemp -d "$${TMPDIR:-/tmp}/alineo-test.XXXXXX"); \
-	services_started=""; \
-	trap 'if [ -n "$$services_started" ]; then bash .ci/services-down $$services_started || true; fi; rm -rf "$$data_dir"' EXIT; \
+	services_started=""; services_pid=""; \
+	trap 'if [ -n "$$services_pid" ]; then wait "$$services_pid" || true; services_started=$$(sed -n '"'"'s/^ALINEO_SERVICES_STARTED="\(.*\)"$$/\1/p'"'"' "$$data_dir/services.env"); fi; if [ -n "$$services_started" ]; then bash .ci/services-down $$services_started || true; fi; rm -rf "$$data_dir"' EXIT; \
 	case "$${CI:-}" in 1|true|TRUE|True|yes) ci=1 ;; *) ci="" ;; esac; \
 	want_pg=$${ALINEO_TEST_PG:-auto}; \
 	loud() { printf '\n%s\n%s\n%s\n\n' "=================================================================" "$$*" "=================================================================" >&2; }; \
+	if [ "$$want_pg" != 0 ] && [ "$$(id -u)" = 0 ] \
+	   && ! { [ -n "$${ALINEO_TEST_DATABASE_URL:-}" ] && [ -n "$${ALINEO_TEST_REDIS_URL:-}" ]; }; then \
+	  bash .ci/services-up >"$$data_dir/services.env" 2>"$$data_dir/services.err" & services_pid=$$!; \
+	fi; \
 	echo "== make test: the layers (lint-imports, [tool.importlinter] in pyproject.toml)"; \
 	$(VENV)/bin/lint-imports --no-cache || exit $$?; \
 	echo "== make test, pass 1/2: SQLite + in-memory channel layer: pytest $(PYTEST_ARGS)"; \
@@ -138,7 +143,9 @@ test: setup
 	elif [ -n "$${ALINEO_TEST_DATABASE_URL:-}" ] && [ -n "$${ALINEO_TEST_REDIS_URL:-}" ]; then \
 	  db_url=$$ALINEO_TEST_DATABASE_URL; redis_url=$$ALINEO_TEST_REDIS_URL; \
 	elif [ "$$(id -u)" = 0 ]; then \
-	  if bash .ci/services-up >"$$data_dir/services.env"; then \
+	  services_ok=0; wait "$$services_pid" || services_ok=$$?; services_pid=""; \
+	  cat "$$data_dir/services.err" >&2; \
+	  if [ "$$services_ok" = 0 ]; then \
 	    db_url=$$(sed -n 's/^DATABASE_URL=//p' "$$data_dir/services.env"); \
 	    redis_url=$$(sed -n 's/^REDIS_URL=//p' "$$data_dir/services.env"); \
 	    services_started=$$(sed -n 's/^ALINEO_SERVICES_STARTED="\(.*\)"$$/\1/p' "$$data_dir/services.env"); \

@@ -148,7 +148,11 @@ def test_a_signal_stops_it_cleanly_and_quickly(data_dir, signum):
         assert http("GET", served.url + "admin/login/")[0] == 200
         started = time.monotonic()
         served.proc.send_signal(signum)
-        returncode = served.proc.wait(timeout=STOP_TIMEOUT_S)
+        try:
+            returncode = served.proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{signum.name} did not stop serve within {STOP_TIMEOUT_S} s; its output:\n"
+                        f"{served.out_path.read_text()}\n{served.log()[-4000:]}")
         assert time.monotonic() - started < STOP_TIMEOUT_S
         assert returncode == 0, served.log()[-3000:]
         assert "Alineo stopped." in served.out_path.read_text()
