@@ -12,7 +12,8 @@ __pycache__/*.pyc files.
   same files (the container's merged overlay dir; the local sandbox's home),
   in the same run, interleaved. Medians of the repetitions; the ratio is the
   median of per-pair ratios.
-- restore and fork (targets < 1.5 s warm and <= 1.3x the floor, issue 17):
+- restore and fork (targets < 1.5 s warm and <= 1.3x the floor, issue 17), on
+  docker and (the same checkpoint) on the local backend:
   what the ladder's restore rung and a fork run, sandboxes/launch.py
   build_fresh from the checkpoint (the run dir, a host-dir home filled while
   the container is created and started, the seal), then the first answered
@@ -256,7 +257,10 @@ def rm_f_then_restore(backend, ckpt: Path, made: list[str], agent: str):
     (its host-dir home, if any, is left behind), then build_fresh for the
     same agent -> first exec."""
     sid = one_restore_keep(backend, ckpt, made, agent)
-    backend.client.api.remove_container(sid, force=True, v=True)  # behind the backend's back
+    if hasattr(backend, "client"):
+        backend.client.api.remove_container(sid, force=True, v=True)  # behind the backend's back
+    else:
+        backend.remove(sid)  # the local backend: the sandbox and its home are gone
     made.remove(sid)
     return one_restore(backend, ckpt, made, agent)
 
@@ -304,8 +308,10 @@ def _restore_rows(backend, ckpt: Path, work: Path, reps: int, made: list[str], w
             forks.append(fork)
             if by_engine:
                 engine.append(by_engine)
-    rows = [_ratio_row(f"restore: docker, {what}, after rm -f -> 1st exec", restores, floors),
-            _ratio_row(f"fork: docker, {what}, from a checkpoint -> 1st exec", forks, floors)]
+    kind = "docker" if hasattr(backend, "client") else "local"
+    lost = "after rm -f" if kind == "docker" else "after its sandbox was removed"
+    rows = [_ratio_row(f"restore: {kind}, {what}, {lost} -> 1st exec", restores, floors),
+            _ratio_row(f"fork: {kind}, {what}, from a checkpoint -> 1st exec", forks, floors)]
     if engine_too:
         total = [e[0] + e[1] for e in engine]
         rows.append(C.row(
@@ -384,12 +390,27 @@ def docker_rows(backend, work: Path, reps: int, restore_reps: int, made: list[st
     backend.remove(sid)
     made.remove(sid)
     rows += _restore_rows(backend, ckpt, work, restore_reps, made, "5k files/50 MB", True)
+    rows += local_restore_rows(ckpt, work, restore_reps, "5k files/50 MB")
     C.print_table(rows, out=sys.stderr)  # so far (the 30k rounds are slow on a busy disk)
     if os.environ.get("BENCH_RESTORE_30K", "1") == "0":
         return rows
     big = filled_checkpoint(backend, work, 30_000, 2_000, made)
     rows += _restore_rows(backend, big, work, max(2, restore_reps // 2), made, "30k files/60 MB", False)
+    rows += local_restore_rows(big, work, max(2, restore_reps // 2), "30k files/60 MB")
     return rows
+
+
+def local_restore_rows(ckpt: Path, work: Path, reps: int, what: str) -> list[dict]:
+    """The same checkpoint (made on docker: checkpoints are portable) restored
+    and forked on the local backend (bubblewrap), against the same floor."""
+    from sandboxes.backends.local import LocalBackend
+
+    local = LocalBackend(root=work / "local-restores")
+    made: list[str] = []
+    try:
+        return _restore_rows(local, ckpt, work, reps, made, what, False)
+    finally:
+        remove_quietly(local, made)
 
 
 def local_row(work: Path, reps: int) -> dict:
