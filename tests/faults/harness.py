@@ -355,11 +355,31 @@ def kill_bridge(world: World, agent: str, docker_host: str | None = None) -> int
         assert code == 0 and len(pids) == 1, f"bridge pid in {sid[:12]}: {code} {out!r}"
         code, out = c.exec_run(["sh", "-c", f"kill -9 {pids[0]}"])  # the shell's own kill
         if code != 0:  # under docker-init the container may go down with its bridge, and
-            c.reload()  # take the exec's shell along before it could say it succeeded
-            assert c.status != "running", f"kill -9 {pids[0]} in {sid[:12]}: {code} {out!r}"
+            # take the exec's shell along before it could say it succeeded; the
+            # engine may still say "running" for a moment after.
+            assert _bridge_gone(c, pids[0]), f"kill -9 {pids[0]} in {sid[:12]}: {code} {out!r}"
         return pids[0]
     finally:
         client.close()
+
+
+def _bridge_gone(container, pid: int, limit_s: float = 20.0) -> bool:
+    """The container stopped, or ``pid`` is no longer in it (a bounded poll)."""
+    import docker
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            container.reload()
+            if container.status != "running":
+                return True
+            code, _ = container.exec_run(["test", "-d", f"/proc/{pid}"])
+            if code == 1:
+                return True
+        except docker.errors.APIError:  # stopping or gone under us: it is down
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def remove_sandbox(world: World, agent: str) -> str:
