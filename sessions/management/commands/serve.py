@@ -63,20 +63,27 @@ class Command(BaseCommand):
             raise CommandError(f"--port {port} is not a TCP port.")
         self.check_migrations()  # warns, like runserver, when `migrate` was not run
         log.info("database durability (read back): %s", durability.check_default())
-        _private_data_dir()
+        private_data_dir()
         run(host, port, self.stdout, role=options["role"])
 
 
 ROLES = ("all", "web")
 
 
-def _private_data_dir() -> None:
+def private_data_dir() -> list[str]:
     """The data dir holds credential values and the bridges' sockets: private,
-    also when an older release left it readable (sandboxes/config.py)."""
-    changed = config.data_dir().tighten()
-    if changed:
-        log.warning("made %d path(s) of the data dir private (0700/0600), e.g. %s",
-                    len(changed), changed[0])
+    also when an older release left it readable (sandboxes/config.py). A
+    warning only when other users could read it; files `migrate` made with the
+    usual umask inside a private dir (every first `make run`) are only noted."""
+    data = config.data_dir()
+    exposed = data.exposed()
+    changed = data.tighten()
+    if changed and exposed:
+        log.warning("the data dir was readable by other users: made %d path(s) private "
+                    "(0700/0600), e.g. %s", len(changed), changed[0])
+    elif changed:
+        log.info("made %d file(s) in the (private) data dir 0600, e.g. %s", len(changed), changed[0])
+    return changed
 
 
 def run(host: str, port: int, stdout, role: str = "all") -> None:
