@@ -69,6 +69,44 @@
     var el = e.detail.elt;
     if (el && el.matches && el.matches("[data-poll-when-idle]") && A.busy(el)) e.preventDefault();
   });
+  // A poll sent a moment before the operator started typing answers after: its
+  // redraw waits for the next poll too.
+  document.addEventListener("htmx:beforeSwap", function (e) {
+    var el = e.detail.target;
+    if (el && el.matches && el.matches("[data-poll-when-idle]") && A.busy(el)) e.detail.shouldSwap = false;
+  });
+  // What the operator typed and has not sent survives any redraw of its form
+  // (a reason for an approval, a steer typed, then a click elsewhere): kept
+  // by the field's id, put back into the redrawn field while it is empty, and
+  // forgotten once its form was sent.
+  var drafts = {};
+  document.addEventListener("input", function (e) {
+    var t = e.target;
+    if (t && t.id && t.matches && t.matches("textarea")) drafts[t.id] = t.value;
+  });
+  function forgetDrafts(form) {
+    Array.prototype.forEach.call(form.querySelectorAll("textarea[id]"), function (t) { delete drafts[t.id]; });
+  }
+  A.restoreDrafts = function () {
+    Object.keys(drafts).forEach(function (id) {
+      var t = document.getElementById(id);
+      if (t && t.matches("textarea") && !t.value && drafts[id]) t.value = drafts[id];
+    });
+  };
+  document.addEventListener("submit", function (e) {
+    // A plain form leaves the page; an htmx one is forgotten once answered (below).
+    if (e.target && !e.target.hasAttribute("hx-post")) forgetDrafts(e.target);
+  });
+  document.addEventListener("htmx:beforeSwap", function (e) {
+    // Before its answer redraws the form, or the draft would come back in it.
+    // (htmx puts the element that sent the request in requestConfig here.)
+    var elt = e.detail.requestConfig && e.detail.requestConfig.elt;
+    var form = elt && elt.closest ? elt.closest("form") : null;
+    if (form && e.detail.xhr && e.detail.xhr.status < 300) forgetDrafts(form);
+  });
+  ["htmx:afterSwap", "htmx:oobAfterSwap"].forEach(function (name) {
+    document.addEventListener(name, A.restoreDrafts);
+  });
 
   // --- honest when the server is away ------------------------------------------
   // While the transcript's or the tree's stream is down or a poll gets no answer: a banner,

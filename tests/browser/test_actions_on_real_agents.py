@@ -23,6 +23,15 @@ def spawn(server, actor, spec: dict, prompt: str) -> str:
     return r.json()["id"]
 
 
+def spawn_held(server, actor, prompt: str) -> str:
+    """An agent whose credential waits for an operator; the actor is one."""
+    server.grant(actor)
+    server.django(
+        "from sessions.models import Workspace\nfrom sessions.credentials import set_secret\n"
+        f"set_secret(Workspace.objects.get(name={actor.workspace!r}), 'deploy-token', 'not-shown')\n")
+    return spawn(server, actor, HOLD, prompt)
+
+
 def stop(server, actor, *agents: str) -> None:
     for agent in agents:
         httpx.post(f"{server.url}/api/agents/{agent}/stop", headers=actor.auth, json={}, timeout=30)
@@ -58,11 +67,7 @@ def test_fork_from_a_checkpoint_with_a_name(server, actor, page):
 
 
 def test_approve_a_held_credential(server, actor, page):
-    server.grant(actor)
-    server.django(
-        "from sessions.models import Workspace\nfrom sessions.credentials import set_secret\n"
-        f"set_secret(Workspace.objects.get(name={actor.workspace!r}), 'deploy-token', 'not-shown')\n")
-    agent = spawn(server, actor, HOLD, "say: approved and running")
+    agent = spawn_held(server, actor, "say: approved and running")
     try:
         page.goto(f"{server.url}/agents/{agent}/")
         page.locator("#approval", has_text="deploy-token").wait_for(timeout=30_000)
@@ -77,6 +82,30 @@ def test_approve_a_held_credential(server, actor, page):
         assert "approved and running" in page.locator("#rows").inner_text()
         assert page.locator("#approval").count() == 0
         assert "not-shown" not in page.content()
+    finally:
+        stop(server, actor, agent)
+
+
+def test_a_reason_typed_survives_the_header_redrawn_under_it(server, actor, page):
+    """The approval form lives in the polled header: a teammate's prompt
+    redraws it while the operator has typed a reason and clicked elsewhere.
+    The reason stays, and is the one journaled."""
+    agent = spawn_held(server, actor, "say: first")
+    try:
+        page.goto(f"{server.url}/agents/{agent}/")
+        page.locator("#approval", has_text="deploy-token").wait_for(timeout=30_000)
+        version = page.locator("#agent-live").get_attribute("data-version")
+        page.fill(f"#approve-reason-{agent}", "typed before the redraw")
+        page.locator("h1").click()  # no longer typing: the header may be redrawn
+        r = httpx.post(f"{server.url}/api/agents/{agent}/prompt", json={"text": "say: second"},
+                       headers=actor.auth, timeout=30)
+        assert r.status_code == 202, r.text
+        page.wait_for_selector(f"#agent-live:not([data-version='{version}'])", timeout=30_000)
+        assert page.input_value(f"#approve-reason-{agent}") == "typed before the redraw"
+        page.click(f"#approve-{agent}")
+        approved = row(page, "credential.approved")
+        approved.wait_for(state="attached", timeout=30_000)
+        assert "typed before the redraw" in approved.inner_text()
     finally:
         stop(server, actor, agent)
 

@@ -64,6 +64,7 @@ def test_the_dashboard_works_under_the_policy_with_no_violation(server, actor, n
     page.fill(f"#prompt-text-{agent}", "say: hello under a strict policy")
     page.click(f"#prompt-send-{agent}")
     page.locator(f"#actions-{agent} .note-success").wait_for()
+    assert page.input_value(f"#prompt-text-{agent}") == "", "a sent prompt is not kept as a draft"
     page.locator("#rows > li[data-type='command.prompt']").first.wait_for(state="attached")
 
     # Older rows on demand. Scrolled into view, the button also trips the scroll-up
