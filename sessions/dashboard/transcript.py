@@ -114,5 +114,7 @@ def rows(agent_id: str, events, view_of, after_screen: bool = False) -> list[dic
             v["call"] = str(data.get("tool_call_id", ""))
         elif ev.type == "tool.result":
             v["result_of"] = str(data.get("tool_call_id", ""))
+        if "call" in v or "result_of" in v:
+            v["bridge_ts"] = data.get("bridge_ts")  # its duration (sessions/worker/relay.py)
         out.append({"ev": ev, "v": v})
     return out

@@ -166,6 +166,9 @@ def row_tag(r) -> str:
     for key, name in (("call", "data-call"), ("result_of", "data-result-of")):
         if v.get(key):
             attrs.append((name, v[key]))
+    bridge_ts = isots(v.get("bridge_ts"))
+    if bridge_ts:
+        attrs.append(("data-bts", bridge_ts))
     classes = ["row", f"kind-{v['kind']}"]
     classes += [c for c, on in (("failed", v.get("failed")), ("sys", v.get("sys"))) if on]
     if v.get("run"):
@@ -176,7 +179,8 @@ def row_tag(r) -> str:
 
 @register.filter
 def isots(value) -> str:
-    """ISO 8601 UTC with microseconds (data-ts: alineo.js times tool calls with it)."""
+    """ISO 8601 UTC with microseconds, or "" for what is not a time (data-ts,
+    data-bts: alineo.js times tool calls with them)."""
     value = _aware(value)
     return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ") if value else ""
 

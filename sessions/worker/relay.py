@@ -42,6 +42,10 @@ log = logging.getLogger(__name__)
 
 POLL_WAIT_S = 20
 PAGE_LIMIT = 200
+#: Facts that keep the bridge's own time of the event (``bridge_ts``): the
+#: dashboard times a tool call by them, as the relay may journal a call and its
+#: result in one page (a catch-up after a restart) with one commit time.
+TIMED_EVENTS = frozenset({"tool.dispatched", "tool.result"})
 #: What the bridge asks the control plane for (answered with `reply`).
 REQUESTS = ("request.spawn", "request.memory")
 
@@ -113,7 +117,10 @@ class Relay:
             log.warning("agent %s: refused bridge event %s (bseq %s): %s", self.agent_id,
                         event.type[:64], event.bseq, why)
             return admission.refused_fact(event.bseq, event.type, why)
-        return event.type, {**self.redactor.redact(event.type, event.data), "bseq": event.bseq}
+        data = {**self.redactor.redact(event.type, event.data), "bseq": event.bseq}
+        if event.type in TIMED_EVENTS:
+            data["bridge_ts"] = event.ts  # checked by the protocol: an ISO time with a zone
+        return event.type, data
 
     # --- cursor trouble (docs/BRIDGE.md "events / ack") --------------------------------
     async def _cursor_error(self, exc: BridgeRequestError) -> None:

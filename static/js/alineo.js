@@ -229,7 +229,10 @@
     if (!call || !result) return;
     var slot = call.querySelector(".tool-slot");
     if (!slot || slot.dataset.filled === result.dataset.seq) return;
-    var ms = Date.parse(result.dataset.ts) - Date.parse(call.dataset.ts);
+    // The bridge's own times of the call and its result when both rows have
+    // them: a call and its result relayed in one page share one commit time.
+    var ms = Date.parse(result.dataset.bts) - Date.parse(call.dataset.bts);
+    if (isNaN(ms) || ms < 0) ms = Date.parse(result.dataset.ts) - Date.parse(call.dataset.ts);
     var dur = result.querySelector(".duration"); if (dur && !isNaN(ms)) dur.textContent = "took " + took(ms);
     var box = document.createElement("div");
     box.className = "tool-result" + (result.classList.contains("failed") ? " failed" : "");

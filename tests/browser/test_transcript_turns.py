@@ -104,6 +104,32 @@ def test_a_tool_call_shows_its_result_and_long_output_collapses(server, actor, p
     screenshot(page, "transcript-tool-call")
 
 
+def test_a_call_and_its_result_committed_together_are_timed_by_the_bridge(server, actor, page):
+    """A catch-up after a restart journals a 2.25 s command and its result in one
+    transaction: the duration is the bridge's, not "took 0 ms"; a time that is
+    not one (or runs backwards) falls back to the commit times."""
+    call = {"turn": 1, "name": "bash", "input": {"command": "sleep 2"}}
+    agent = server.create_agent(actor, [
+        ("agent.spawned", {"spec": {"model": "demo"}}),
+        ("turn.started", {"turn": 1}),
+        ("tool.dispatched", {**call, "tool_call_id": "c1", "bridge_ts": "2026-01-01T00:00:01.250000+00:00"}),
+        ("tool.result", {"turn": 1, "tool_call_id": "c1", "output": "", "exit_code": 0,
+                         "bridge_ts": "2026-01-01T00:00:03.500000+00:00"}),
+        ("tool.dispatched", {**call, "tool_call_id": "c2", "bridge_ts": "not a time"}),
+        ("tool.result", {"turn": 1, "tool_call_id": "c2", "output": "", "exit_code": 0,
+                         "bridge_ts": "2026-01-01T00:00:03.500000+00:00"}),
+        ("tool.dispatched", {**call, "tool_call_id": "c3", "bridge_ts": "2026-01-01T00:00:09+00:00"}),
+        ("tool.result", {"turn": 1, "tool_call_id": "c3", "output": "", "exit_code": 0,
+                         "bridge_ts": "2026-01-01T00:00:03.500000+00:00"}),
+    ])
+    page.goto(f"{server.url}/agents/{agent}/")
+    for seq in (3, 5, 7):
+        page.locator(f"#row-{seq} .tool-result").wait_for()
+    assert "took 2.3 s" in page.locator("#row-3 .tool-status").inner_text()
+    for seq in (5, 7):  # one transaction: the commit times are microseconds apart
+        assert "took 0 ms" in page.locator(f"#row-{seq} .tool-status").inner_text()
+
+
 def test_scroll_up_folds_a_reply_split_across_pages(server, actor, page):
     chunks = [f"c{i:03d} " for i in range(150)]  # the first page (100 rows) starts mid-reply
     facts = [("agent.spawned", {"spec": {"model": "demo"}}), ("turn.started", {"turn": 1})]

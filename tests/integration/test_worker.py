@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -172,6 +173,11 @@ def test_a_worker_crash_mid_turn_loses_and_repeats_nothing(kind):
         assert count_of(events, "turn.started") == 1 and count_of(events, "agent.sandbox") == 1
         results = events_of(events, "tool.result")
         assert len(results) == 3 and "after" in results[-1]["data"]["output"]
+        # The sleep's result was relayed after the restart: timed by the bridge's own clock.
+        call = next(e for e in events_of(events, "tool.dispatched") if "sleep" in json.dumps(e["data"]))
+        done = next(e for e in results if e["data"]["tool_call_id"] == call["data"]["tool_call_id"])
+        took = datetime.fromisoformat(done["data"]["bridge_ts"]) - datetime.fromisoformat(call["data"]["bridge_ts"])
+        assert took >= timedelta(seconds=3), took
         # And it keeps working afterwards.
         w.send(agent, "prompt", "say: still here")
         events = w.wait_turns(agent, 2)

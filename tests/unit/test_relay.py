@@ -189,3 +189,27 @@ def test_a_turns_end_carries_the_usage_of_its_model_calls(agent, bridge_of):
     [usage] = [d["usage"] for t, d in facts if t == "turn.finished"]
     assert (usage["calls"], usage["input_tokens"], usage["output_tokens"]) == (2, 20, 2)
     assert usage["cost_usd"] == 0.5 and usage["unpriced_calls"] == 1
+
+
+def test_a_tool_call_and_its_result_keep_the_bridges_own_times(agent, bridge_of):
+    """Relayed in one page they share one commit time; the dashboard times the
+    call by the bridge's (docs/BRIDGE.md "Events")."""
+    call = {"turn": 1, "tool_call_id": "c1", "name": "bash", "input": {"command": "sleep 2"}}
+    result = {"turn": 1, "tool_call_id": "c1", "name": "bash", "output": "", "exit_code": 0,
+              "is_error": False}
+    events = [_event(1, "turn.started", {"turn": 1, "command_id": None}),
+              {**_event(2, "tool.dispatched", call), "ts": "2026-01-01T00:00:01.250000+00:00"},
+              {**_event(3, "tool.result", result), "ts": "2026-01-01T00:00:03.500000+00:00"}]
+    bridge_of(events)
+    facts = dict(_relay_until(agent, 4)[:3])
+    assert facts["tool.dispatched"]["bridge_ts"] == "2026-01-01T00:00:01.250000+00:00"
+    assert facts["tool.result"]["bridge_ts"] == "2026-01-01T00:00:03.500000+00:00"
+    assert "bridge_ts" not in facts["turn.started"]
+
+
+def test_a_bridge_cannot_set_the_time_the_relay_keeps(agent, bridge_of):
+    call = {"turn": 1, "tool_call_id": "c1", "name": "bash", "input": {},
+            "bridge_ts": "1999-01-01T00:00:00+00:00"}
+    bridge_of([_event(1, "tool.dispatched", call)])
+    facts = _relay_until(agent, 2)
+    assert facts[0][0] == "bridge.refused" and "bridge_ts" not in facts[0][1]
