@@ -139,6 +139,9 @@ def test_scroll_up_folds_a_reply_split_across_pages(server, actor, page):
     page.goto(f"{server.url}/agents/{agent}/")
     page.locator(f"#row-{len(facts)}").wait_for(state="attached")
     assert visible_messages(page) == ["".join(chunks)]  # the final text, already whole
+    # Scrolled only once the page's script runs: it starts at the bottom, and
+    # would scroll a transcript scrolled up before it back down.
+    page.locator("#transcript[data-state=live]").wait_for()
     page.locator("#transcript").evaluate("b => { b.scrollTop = 0; }")
     page.locator("#row-1").wait_for(state="attached")
     assert visible_messages(page) == ["".join(chunks)]  # still one message
