@@ -61,6 +61,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+#: Every data dir a LiveServer of this test process used: the sandboxes its
+#: worker made are removed at the session's end (tests/integration/conftest.py),
+#: also where the data dirs are not under ALINEO_DATA_DIR (a run outside make test).
+DATA_DIRS: list[Path] = []
+
+
 def parent_dir() -> Path:
     parent = Path(os.environ.get("ALINEO_DATA_DIR") or tempfile.gettempdir()) / "live"
     parent.mkdir(parents=True, exist_ok=True)
@@ -108,6 +114,7 @@ class LiveServer:
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
         self.log_path = self.data_dir / "server.log"
+        DATA_DIRS.append(self.data_dir)
         self._migrated = False
         self._shell: WarmShell | None = None
 

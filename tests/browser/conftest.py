@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.conftest import (  # noqa: F401 - a fixture, by name
+    remove_sandboxes_made_by_live_servers,  # the worker's real sandboxes go at the end
+)
 from tests.live import LiveServer
 
 CHROMIUM = os.environ.get("ALINEO_CHROMIUM", "/usr/bin/chromium")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.worlds import World, cleanup_sandboxes, start_server
+from tests import live
 from tests.live import LiveServer
 
 
@@ -48,6 +49,7 @@ def remove_sandboxes_made_by_live_servers(tmp_path_factory):
     roots = [str(tmp_path_factory.getbasetemp())]
     if os.environ.get("ALINEO_DATA_DIR"):
         roots.append(os.path.realpath(os.environ["ALINEO_DATA_DIR"]))
+    roots += [os.path.realpath(d) for d in live.DATA_DIRS]
     _remove_containers_under(roots)
     _remove_local_sandboxes_under(roots)
     _kill_local_bridges_under(roots)
