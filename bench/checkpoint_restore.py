@@ -257,7 +257,7 @@ def rm_f_then_restore(backend, ckpt: Path, made: list[str], agent: str):
     (its host-dir home, if any, is left behind), then build_fresh for the
     same agent -> first exec."""
     sid = one_restore_keep(backend, ckpt, made, agent)
-    if hasattr(backend, "client"):
+    if backend.name == "docker":
         backend.client.api.remove_container(sid, force=True, v=True)  # behind the backend's back
     else:
         backend.remove(sid)  # the local backend: the sandbox and its home are gone
@@ -308,10 +308,9 @@ def _restore_rows(backend, ckpt: Path, work: Path, reps: int, made: list[str], w
             forks.append(fork)
             if by_engine:
                 engine.append(by_engine)
-    kind = "docker" if hasattr(backend, "client") else "local"
-    lost = "after rm -f" if kind == "docker" else "after its sandbox was removed"
-    rows = [_ratio_row(f"restore: {kind}, {what}, {lost} -> 1st exec", restores, floors),
-            _ratio_row(f"fork: {kind}, {what}, from a checkpoint -> 1st exec", forks, floors)]
+    lost = "after rm -f" if backend.name == "docker" else "after its sandbox was removed"
+    rows = [_ratio_row(f"restore: {backend.name}, {what}, {lost} -> 1st exec", restores, floors),
+            _ratio_row(f"fork: {backend.name}, {what}, from a checkpoint -> 1st exec", forks, floors)]
     if engine_too:
         total = [e[0] + e[1] for e in engine]
         rows.append(C.row(

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.worlds import World, cleanup_sandboxes, start_server
 from tests import live
+from tests.integration.worlds import World, cleanup_sandboxes, start_server
 from tests.live import LiveServer
 
 
