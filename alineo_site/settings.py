@@ -349,6 +349,11 @@ DOCKER_HOST = envstr("DOCKER_HOST")
 # layer from the host side (sandboxes/backends/overlay.py); 0 always execs tar in
 # the container and restores through the engine's put_archive.
 ALINEO_DOCKER_HOST_TAR = envbool("ALINEO_DOCKER_HOST_TAR", True)
+# Where ALINEO_DOCKER_HOST_TAR's host-side paths apply: each checkpointing agent's
+# newest checkpoint is kept extracted (read-only, <data dir>/trees), and a restore
+# or fork from it lays the new home over it, copy-on-write, instead of extracting
+# (sandboxes/backends/trees.py; costs an extraction per checkpoint, in the background).
+ALINEO_PREPARED_TREES = envbool("ALINEO_PREPARED_TREES", True)
 # The Debian mirror the base image is built from (default: this machine's apt sources).
 ALINEO_DEBIAN_MIRROR = envstr("ALINEO_DEBIAN_MIRROR").rstrip("/")
 ALINEO_DEBIAN_SECURITY_MIRROR = envstr("ALINEO_DEBIAN_SECURITY_MIRROR").rstrip("/")

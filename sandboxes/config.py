@@ -11,6 +11,10 @@ The data dir's layout is spelled out here and nowhere else::
     <DATA_DIR>/sandboxes/            the local backend's sandboxes and snapshots
     <DATA_DIR>/homes/<agent>/        docker: a restored or forked agent's home, bind-mounted
                                      at /root (sandboxes/backends/hosthome.py)
+    <DATA_DIR>/trees/<key>/          prepared trees: checkpoints kept extracted, read-only,
+                                     that restored homes are laid over (sandboxes/backends/trees.py)
+    <DATA_DIR>/layers/<volume>/      docker: the upper layer of a home laid over a tree
+                                     (sandboxes/backends/docker_trees.py)
     <DATA_DIR>/sandbox-sessions/     journals of sandbox sessions (sandboxes/snapshots.py)
     <DATA_DIR>/locks/                file locks of setup snapshot builds
 """
@@ -56,6 +60,14 @@ class DataDir:
     @property
     def homes(self) -> Path:
         return self.root / "homes"
+
+    @property
+    def trees(self) -> Path:
+        return self.root / "trees"
+
+    @property
+    def layers(self) -> Path:
+        return self.root / "layers"
 
     @property
     def sandbox_sessions(self) -> Path:
@@ -134,6 +146,13 @@ def docker_host_tar() -> bool:
     and write a checkpoint into a never-started container, from the host side
     (sandboxes/backends/overlay.py explains both fast paths)."""
     return _settings().ALINEO_DOCKER_HOST_TAR
+
+
+def prepared_trees() -> bool:
+    """ALINEO_PREPARED_TREES: keep each agent's newest checkpoint extracted, so
+    a restore or a fork lays its home over it instead of extracting
+    (sandboxes/backends/trees.py)."""
+    return _settings().ALINEO_PREPARED_TREES
 
 
 def restore_caps() -> tuple[int, int]:

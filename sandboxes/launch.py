@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandboxes import archive, config, harnesses
+from sandboxes.backends import trees
 from sandboxes.backends.base import LABEL_AGENT, SandboxBackend
 from sandboxes.bridge.protocol import MAX_SOCKET_PATH
 from sandboxes.errors import BackendUnavailable, SandboxError, SandboxNotFound
@@ -175,15 +176,18 @@ def create_sandbox(backend: SandboxBackend, launch: Launch, *, seed: dict | None
 
 
 def _create(backend: SandboxBackend, launch: Launch, *, seed: dict | None = None,
-            labels: dict | None = None, host_home: bool = False) -> tuple[str, bool]:
+            labels: dict | None = None, host_home: bool = False,
+            tree: trees.Tree | None = None) -> tuple[str, str]:
     """Create a sandbox whose command is the bridge, from the spec's setup
     snapshot (or its image when it needs no setup). Orphans of an earlier attempt that crashed before its sandbox was
     recorded are removed first. ``seed`` is written to the run dir and passed
     as ``--seed``; a bridge that finds a session file ignores it, so restarts
     never seed twice. ``host_home``: ask the backend for a host-dir home
     (:meth:`SandboxBackend.new_host_home`); when it gives one, the bridge waits
-    for :meth:`SandboxBackend.seal_home` before it reads it (the second
-    value returned says so)."""
+    for :meth:`SandboxBackend.seal_home` before it reads it. ``tree``: ask
+    for a home laid over that prepared tree first (:meth:`SandboxBackend.new_tree_home`).
+    The second value returned says which home the sandbox got: ``"tree"``,
+    ``"host"`` or ``""`` (its image's)."""
     for old in backend.list({LABEL_AGENT: launch.agent_id}):
         backend.remove(old.id)
     # Installed once per machine (cached by its inputs' hash), before the
@@ -203,15 +207,20 @@ def _create(backend: SandboxBackend, launch: Launch, *, seed: dict | None = None
         # In the image (docker), or bound read-only from the host (local).
         binds = {str(harness.host_dir): harnesses.HARNESS_DIR} if layered == image else None
         image = layered
-    home = {}
-    if host_home:
+    home, how = {}, ""
+    volume = None
+    if tree is not None:
+        volume = backend.new_tree_home(launch.agent_id, image, tree, labels=all_labels)
+    if volume is not None:
+        home, how = {"tree_home": volume}, "tree"
+    elif host_home:
         home_dir = backend.new_host_home(launch.agent_id, image)
         if home_dir is not None:
-            home, command = {"home_dir": home_dir}, command + ["--wait-home"]
+            home, how, command = {"home_dir": home_dir}, "host", command + ["--wait-home"]
     sid = backend.create(launch.agent_id, image, run_dir=str(run_dir_for(launch.agent_id)),
                          limits=spec.get("limits"), network=spec.get("network") or "none",
                          env=env, labels=all_labels, command=command, binds=binds, **home)
-    return sid, bool(home)
+    return sid, how
 
 
 def _start_or_remove(backend: SandboxBackend, sid: str) -> None:
@@ -227,13 +236,21 @@ def build_fresh(backend: SandboxBackend, launch: Launch, fresh: Fresh) -> str:
     created, the checkpoint extracted safely into its home (CheckpointUnusable
     when it cannot be), started. Removed again on any failure.
 
-    With a host-dir home (the docker backend as root, issue 17) the sandbox
-    is started while the checkpoint is extracted: its bridge waits for the
-    seal, so nothing in the sandbox runs before its home is complete."""
-    sid, waits = _create(backend, launch, seed=fresh.seed, labels=fresh.labels,
-                         host_home=bool(fresh.checkpoint))
+    With a prepared tree of the checkpoint (sandboxes/backends/trees.py) the
+    home is laid over it and nothing is extracted. With a host-dir home (the
+    docker backend as root, issue 17) the sandbox is started while the
+    checkpoint is extracted: its bridge waits for the seal, so nothing in the
+    sandbox runs before its home is complete."""
+    tree = prepared_tree(backend, fresh.checkpoint)
+    sid, how = _create(backend, launch, seed=fresh.seed, labels=fresh.labels,
+                       host_home=bool(fresh.checkpoint), tree=tree)
+    waits = how == "host"
     try:
         if not fresh.checkpoint:
+            backend.start(sid)
+            return sid
+        if how == "tree":
+            _write_session(backend, sid, fresh, _read_session(fresh.checkpoint))
             backend.start(sid)
             return sid
         with ThreadPoolExecutor(1, thread_name_prefix="start") as pool:
@@ -254,6 +271,21 @@ def build_fresh(backend: SandboxBackend, launch: Launch, fresh: Fresh) -> str:
     return sid
 
 
+def prepared_tree(backend: SandboxBackend, checkpoint: str | None) -> trees.Tree | None:
+    """The prepared tree of ``checkpoint`` when this backend lays homes over
+    trees and it has one (the worker prepares them after each checkpoint)."""
+    if not checkpoint or not backend.prepares_trees():
+        return None
+    return trees.find(checkpoint, backend.tree_owners)
+
+
+def _read_session(checkpoint: str) -> dict | None:
+    try:
+        return archive.session_in(checkpoint)
+    except Exception as exc:  # truncated, not zstd ...
+        raise CheckpointUnusable(f"{type(exc).__name__}: {exc}") from exc
+
+
 def _restore_into(backend: SandboxBackend, sid: str, fresh: Fresh) -> None:
     # The session file is read in a second pass over the checkpoint, on a
     # thread of its own while the extraction runs: that one mostly waits on
@@ -267,6 +299,12 @@ def _restore_into(backend: SandboxBackend, sid: str, fresh: Fresh) -> None:
             raise
         except Exception as exc:  # unsafe, truncated, not zstd, past the restore caps ...
             raise CheckpointUnusable(f"{type(exc).__name__}: {exc}") from exc
+    _write_session(backend, sid, fresh, session)
+
+
+def _write_session(backend: SandboxBackend, sid: str, fresh: Fresh, session: dict | None) -> None:
+    """Write the checkpoint's session file again when the transcript moved on
+    after the checkpoint (its turn and event numbers)."""
     if session is None:
         return
     moved = False

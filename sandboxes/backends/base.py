@@ -239,6 +239,26 @@ class SandboxBackend(abc.ABC):
         :meth:`write_home` before :meth:`start`)."""
         return None
 
+    #: Who owns a prepared tree's files (sandboxes/backends/trees.py ``KEEP``/``ROOT``).
+    tree_owners = "keep"
+
+    def prepares_trees(self) -> bool:
+        """Whether a restore or a fork here can lay the new home over a
+        prepared tree (sandboxes/backends/trees.py) instead of extracting the
+        checkpoint: then the worker prepares the tree of every new checkpoint."""
+        return False
+
+    def new_tree_home(self, agent_id: str, image: str, tree,
+                      labels: dict | None = None) -> str | None:
+        """A home laid over ``tree`` (a :class:`sandboxes.backends.trees.Tree`),
+        labelled with ``labels``, to give :meth:`create` as ``tree_home``; None when this backend has
+        none to offer (then the checkpoint is extracted)."""
+        return None
+
+    def tree_keys_in_use(self) -> set[str]:
+        """The prepared trees the homes of this backend are laid over."""
+        return set()
+
     def seal_home(self, sandbox_id: str, run_dir: str) -> None:
         """The ``home_dir`` given to :meth:`create` is complete: the bridge,
         started with ``--wait-home``, may read it now."""

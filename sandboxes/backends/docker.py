@@ -20,8 +20,9 @@ from typing import Iterable, Iterator, Mapping, Sequence
 
 from sandboxes import config
 from sandboxes.backends import hosthome, overlay
-from sandboxes.backends.docker_config import HOME, container_config, host_home_fd
+from sandboxes.backends.docker_config import HOME, container_config, host_home_fd, volume_home_fd
 from sandboxes.backends.docker_homes import HostHomes
+from sandboxes.backends.docker_trees import TreeHomes, layer_dir, volume_of
 from sandboxes.backends.base import (
     CONTAINER_RUN_DIR,
     LABEL_AGENT,
@@ -56,7 +57,7 @@ DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 _EXEC_GRACE_S = 15
 
 
-class DockerBackend(HostHomes, SandboxBackend):
+class DockerBackend(HostHomes, TreeHomes, SandboxBackend):
     name = "docker"
     installs_packages = True
     restarts_in_place = True
@@ -76,6 +77,9 @@ class DockerBackend(HostHomes, SandboxBackend):
         #: Sandboxes whose host-dir home this process made and has not sealed
         #: yet: the only ones written from the host (sandboxes/backends/hosthome.py).
         self._unsealed: dict[str, Path] = {}
+        #: Upper layers of tree homes whose container has not started yet
+        #: (sandboxes/backends/docker_trees.py): the only ones written from the host.
+        self._unstarted: dict[str, Path] = {}
         self._homes_ok: bool | None = None
         self._image_homes: dict[str, bytes | None] = {}
 
@@ -193,11 +197,18 @@ class DockerBackend(HostHomes, SandboxBackend):
         cap_add: Sequence[str] = (),
         binds: Mapping[str, str] | None = None,
         home_dir: str | None = None,
+        tree_home: str | None = None,
     ) -> str:
         """As the base class says; ``home_dir`` (from :meth:`new_host_home`) is
         bind-mounted as the home, writable, and written from the host until
-        :meth:`seal_home`."""
+        :meth:`seal_home`; ``tree_home`` (a volume, from :meth:`new_tree_home`) is
+        mounted as the home, its upper layer written from the host until
+        :meth:`start`."""
         validate_create_args(agent_id, image, network)
+        try:
+            upper = layer_dir(tree_home) / "upper" if tree_home is not None else None
+        except ValueError as exc:
+            raise SandboxError(str(exc), permanent=True) from exc
         home = hosthome.owned(home_dir) if home_dir is not None else None
         if home_dir is not None and home is None:
             raise SandboxError(f"{home_dir} is not a host home made by this control plane",
@@ -213,7 +224,7 @@ class DockerBackend(HostHomes, SandboxBackend):
                  "ALINEO_RUN_DIR": CONTAINER_RUN_DIR},
             labels={**(labels or {}), LABEL_MANAGED: "1", LABEL_AGENT: str(agent_id)},
             command=list(command or PLACEHOLDER_COMMAND), cap_add=list(cap_add), binds=binds,
-            home_dir=str(home) if home else None)
+            home_dir=str(home) if home else None, home_volume=tree_home)
         with self._errors(image=image):
             if not self.image_exists(image):
                 if wanted == DEFAULT_IMAGE:
@@ -221,12 +232,16 @@ class DockerBackend(HostHomes, SandboxBackend):
                                        "`manage.py build_base_image`", permanent=False)
                 raise ImageMissing(f"image {image} not found (build it, or check the spec)")
             container = self.client.containers.create(**kwargs)
-        if home is not None:
-            with self._lock:
+        with self._lock:
+            if home is not None:
                 self._unsealed[container.id] = home
+            if upper is not None:
+                self._unstarted[container.id] = upper
         return container.id
 
     def start(self, sandbox_id: str) -> None:
+        with self._lock:
+            self._unstarted.pop(sandbox_id, None)  # from now on the sandbox writes its layer
         with self._errors(sandbox_id):
             self.client.api.start(sandbox_id)
 
@@ -292,6 +307,8 @@ class DockerBackend(HostHomes, SandboxBackend):
         A host-dir home (sandboxes/backends/hosthome.py) is read where it is."""
         fd = self._host_fd(sandbox_id, host_home_fd)
         if fd is None:
+            fd = self._host_fd(sandbox_id, volume_home_fd)
+        if fd is None:
             fd = self._host_fd(sandbox_id, overlay.merged_home_fd)
         if fd is not None:
             return overlay.tar_out(sandbox_id, fd)
@@ -347,7 +364,10 @@ class DockerBackend(HostHomes, SandboxBackend):
         the control plane root on the engine's host: the same checked stream
         goes to GNU tar on the host, straight into the container's writable
         layer (sandboxes/backends/overlay.py), at the disk's speed. A host-dir
-        home this process made and has not sealed is written where it is."""
+        home this process made and has not sealed is written where it is; so
+        is the upper layer of a tree home before its container's first start."""
+        if self.write_upper(sandbox_id, tar_chunks):
+            return
         with self._lock:
             unsealed = self._unsealed.get(sandbox_id)
         fd = hosthome.open_dir(unsealed) if unsealed is not None else None
@@ -384,22 +404,25 @@ class DockerBackend(HostHomes, SandboxBackend):
             self.client.api.stop(sandbox_id, timeout=int(timeout))
 
     def remove(self, sandbox_id: str) -> None:
-        """Remove the container, and its host-dir home when it has one."""
+        """Remove the container, and its host-dir or tree home when it has one."""
+        home = volume = None
         try:
             with self._errors(sandbox_id):
-                home = hosthome.of_mounts(
-                    self.client.api.inspect_container(sandbox_id).get("Mounts"), HOME)
+                mounts = self.client.api.inspect_container(sandbox_id).get("Mounts")
+                home, volume = hosthome.of_mounts(mounts, HOME), volume_of(mounts, HOME)
                 # v=True: never leak an anonymous volume.
                 self.client.api.remove_container(sandbox_id, force=True, v=True)
         except SandboxNotFound:
-            home = None
+            pass
         except SandboxError as exc:
             if "already in progress" not in str(exc):
                 raise
-            home = None
+            home = volume = None
         with self._lock:
             self._unsealed.pop(sandbox_id, None)
+            self._unstarted.pop(sandbox_id, None)
         hosthome.remove(home)
+        self.remove_tree_home(volume)
 
     def home(self, sandbox_id: str) -> str:
         return HOME

@@ -8,6 +8,7 @@ import os
 from typing import Mapping
 
 from sandboxes.backends import hosthome
+from sandboxes.backends.docker_trees import volume_of
 from sandboxes.backends.base import CONTAINER_RUN_DIR, Limits
 
 HOME = "/root"
@@ -19,10 +20,22 @@ def host_home_fd(info: dict, home: str) -> int | None:
     return hosthome.open_dir(path) if path is not None else None
 
 
+def volume_home_fd(info: dict, home: str) -> int | None:
+    """An O_NOFOLLOW fd on a running container's tree home (the engine's mount
+    of its volume, sandboxes/backends/docker_trees.py), or None."""
+    if info["State"].get("Status") != "running" or volume_of(info.get("Mounts"), home) is None:
+        return None
+    source = next(m["Source"] for m in info["Mounts"]
+                  if (m.get("Destination") or "").rstrip("/") == home)
+    if not source or not os.path.ismount(source):
+        return None
+    return os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+
+
 def container_config(image: str, *, limits: Limits, network: str,
                      run_dir: str | None, env: dict, labels: dict, command: list,
                      cap_add: list, binds: Mapping[str, str] | None = None,
-                     home_dir: str | None = None) -> dict:
+                     home_dir: str | None = None, home_volume: str | None = None) -> dict:
     """``containers.create`` arguments: under docker-init, every capability
     dropped but ``cap_add``, no new privileges, the limits, the run dir bound
     (and a host-dir home, writable)."""
@@ -31,6 +44,8 @@ def container_config(image: str, *, limits: Limits, network: str,
     mounts = []
     if home_dir is not None:
         mounts.append(docker.types.Mount(HOME, home_dir, type="bind"))
+    if home_volume is not None:
+        mounts.append(docker.types.Mount(HOME, home_volume, type="volume", no_copy=True))
     if run_dir is not None:
         run_dir = os.path.abspath(run_dir)
         os.makedirs(run_dir, mode=0o755, exist_ok=True)

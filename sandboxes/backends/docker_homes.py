@@ -70,4 +70,4 @@ class HostHomes:
         with self._errors():
             rows = self.client.api.containers(all=True, filters={"label": [f"{LABEL_MANAGED}=1"]})
         in_use = [h for h in (hosthome.of_mounts(r.get("Mounts"), HOME) for r in rows) if h]
-        return hosthome.sweep(in_use)
+        return hosthome.sweep(in_use) + self.sweep_tree_homes()

@@ -19,6 +19,7 @@ so that a reused pid is never mistaken for the sandbox.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -30,10 +31,10 @@ import time
 import uuid
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
-from urllib.parse import quote
 
 from sandboxes import config
-from sandboxes.backends import overlay, procs
+from sandboxes.backends import idmap, overlay, procs, trees
+from sandboxes.backends.hostdir_snapshots import SNAPSHOT_PREFIX, HostSnapshots
 from sandboxes.backends.base import (
     CONTAINER_RUN_DIR,
     LABEL_AGENT,
@@ -58,14 +59,12 @@ from sandboxes.errors import (
 )
 from sandboxes.safe_tar import as_fileobj, safe_extract
 
-SNAPSHOT_PREFIX = "local-snapshot/"
 #: (run dir, home) as an isolated sandbox's processes see them, by isolation
 #: (sandboxes/backends/local.py mounts them there); unisolated ones see host paths.
 INSIDE = {"bwrap": (CONTAINER_RUN_DIR, "/root")}
-_SNAPSHOTS = "_snapshots"
 
 
-class HostDirBackend(SandboxBackend):
+class HostDirBackend(HostSnapshots, SandboxBackend):
     """A directory and a detached process tree per sandbox. Subclasses say how
     the tree is started (:meth:`_launch`), entered (:meth:`_exec_argv`) and
     ended (:meth:`_terminate`)."""
@@ -82,9 +81,6 @@ class HostDirBackend(SandboxBackend):
         # so a sandbox made by either is reached through the one name.
         return f"local:{socket_name()}"
 
-    def snapshot_ref(self, kind: str, name: str) -> str:
-        return f"{SNAPSHOT_PREFIX}{kind}-{name}"
-
     # --- paths -------------------------------------------------------------------
     def _dir(self, sandbox_id: str) -> Path:
         if not sandbox_id or "/" in sandbox_id or sandbox_id.startswith((".", "_")):
@@ -99,9 +95,6 @@ class HostDirBackend(SandboxBackend):
 
     def _meta(self, sandbox_id: str) -> dict:
         return json.loads((self._existing(sandbox_id) / "meta.json").read_text())
-
-    def _snapshot_dir(self, ref: str) -> Path:
-        return self.root / _SNAPSHOTS / quote(ref[len(SNAPSHOT_PREFIX):], safe="")
 
     def host_home(self, sandbox_id: str) -> str:
         """The home dir's path on the host (what read_home, write_home and commit use)."""
@@ -210,8 +203,24 @@ class HostDirBackend(SandboxBackend):
         command: Sequence[str] | None = None,
         cap_add: Sequence[str] = (),
         binds: Mapping[str, str] | None = None,
+        tree_home: str | None = None,
     ) -> str:
+        """As the base class says; ``tree_home`` (a tree's key, from
+        :meth:`new_tree_home`): the home is laid over that prepared tree
+        (sandboxes/backends/idmap.py), mounted at each start."""
         validate_create_args(agent_id, image, network)
+        if tree_home is not None and not trees.is_key(tree_home):
+            raise SandboxError(f"{tree_home!r} is not a prepared tree", permanent=True)
+        tree = trees.Tree(tree_home, trees.top() / tree_home) if tree_home is not None else None
+        with trees.using(tree) if tree is not None else contextlib.nullcontext(True) as ok:
+            if not ok:
+                raise SandboxError(f"the prepared tree {tree_home} is gone", permanent=False)
+            return self._create(agent_id, image, run_dir=run_dir, limits=limits, network=network,
+                                env=env, labels=labels, command=command, binds=binds,
+                                tree_home=tree_home)
+
+    def _create(self, agent_id: str, image: str, *, run_dir, limits, network, env, labels,
+                command, binds, tree_home) -> str:
         try:
             limits = Limits.from_spec(limits)
         except (TypeError, ValueError) as exc:
@@ -246,6 +255,8 @@ class HostDirBackend(SandboxBackend):
                 "binds": {str(k): str(v) for k, v in (binds or {}).items()},
                 "created": time.time(),
             }
+            if tree_home is not None:
+                meta["tree"] = tree_home
             self._prepare(staging, meta)
             (staging / "meta.json").write_text(json.dumps(meta, indent=1))
             os.rename(staging, path)
@@ -381,31 +392,6 @@ class HostDirBackend(SandboxBackend):
             return None
         return fd
 
-    def commit(self, sandbox_id: str, tag: str, *,
-               labels: Mapping[str, str] | None = None) -> str:
-        if not tag:
-            raise SandboxError("commit needs a tag", permanent=True)
-        self._existing(sandbox_id)
-        ref = tag if tag.startswith(SNAPSHOT_PREFIX) else SNAPSHOT_PREFIX + tag
-        target = self._snapshot_dir(ref)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".new-", dir=target.parent))
-        try:
-            shutil.copytree(self.host_home(sandbox_id), staging / "home", symlinks=True)
-            procs.write_json(staging / "meta.json", {
-                "ref": ref, "from": sandbox_id, "created": time.time(),
-                "id": uuid.uuid4().hex, "labels": {str(k): str(v) for k, v in (labels or {}).items()},
-            })
-            if target.exists():  # a tag is moved, as `docker commit` moves it
-                old = target.with_name(f".old-{uuid.uuid4().hex[:8]}")
-                os.rename(target, old)
-                shutil.rmtree(old, ignore_errors=True)
-            os.rename(staging, target)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        return ref
-
     def stop(self, sandbox_id: str, timeout: float = 10) -> None:
         self._existing(sandbox_id)
         info = self._pid_info(sandbox_id)
@@ -428,6 +414,10 @@ class HostDirBackend(SandboxBackend):
         info = self._pid_info(sandbox_id)
         trash = self.root / f".rm-{sandbox_id}-{uuid.uuid4().hex[:6]}"
         try:
+            # A home laid over a tree is unmounted first (the sandbox's own
+            # mount namespace keeps its view until its processes die below):
+            # removing the directory must never delete through the overlay.
+            idmap.unmount(path / "home")
             # Gone for status() BEFORE its process dies: a driver that sees its
             # bridge drop must find the sandbox missing, never merely exited.
             os.rename(path, trash)
@@ -457,26 +447,6 @@ class HostDirBackend(SandboxBackend):
                 labels=dict(meta["labels"]),
             ))
         return out
-
-    def image_exists(self, image: str) -> bool:
-        """A local snapshot exists when its copy does; "default" is the host."""
-        if image.startswith(SNAPSHOT_PREFIX):
-            return (self._snapshot_dir(image) / "home").is_dir()
-        return image == "default"
-
-    def image_id(self, image: str) -> str:
-        """A snapshot's id (new at each commit); the host "image" is its name."""
-        if image.startswith(SNAPSHOT_PREFIX):
-            try:
-                meta = json.loads((self._snapshot_dir(image) / "meta.json").read_text())
-            except (FileNotFoundError, ValueError) as exc:
-                raise ImageMissing(f"local snapshot {image} not found") from exc
-            return meta.get("id") or f"{image}@{meta.get('created')}"
-        return image
-
-    def remove_image(self, image: str) -> None:
-        if image.startswith(SNAPSHOT_PREFIX):
-            procs.rmtree(self._snapshot_dir(image))
 
 
 def socket_name() -> str:

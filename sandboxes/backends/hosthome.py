@@ -99,7 +99,7 @@ def _remove_aside(aside: Path) -> None:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, close_fds=True)
     except OSError:
-        threading.Thread(target=_rmtree, args=(aside,), name="home-trash", daemon=True).start()
+        threading.Thread(target=rmtree, args=(aside,), name="home-trash", daemon=True).start()
         return
     threading.Thread(target=proc.wait, name="home-trash", daemon=True).start()
 
@@ -148,10 +148,12 @@ def remove(path: Path | None) -> None:
     """Remove a home (fd-based: a link inside is removed, never followed)."""
     p = owned(path) if path is not None else None
     if p is not None:
-        _rmtree(p)
+        rmtree(p)
 
 
-def _rmtree(path: Path) -> None:
+def rmtree(path: Path) -> None:
+    """Remove a tree a sandbox wrote (fd-based: a link inside is removed, never
+    followed), also where it left directories it made unwritable."""
     def onerror(func, name, exc_info):  # a sandbox may leave dirs it made unwritable
         try:
             os.chmod(os.path.dirname(name), 0o700)
@@ -172,7 +174,7 @@ def sweep(in_use: Iterable[Path], *, now: float | None = None) -> list[str]:
     gone = []
     for entry in top.iterdir():
         if entry.name.startswith(TRASH) and not entry.is_symlink():
-            _rmtree(entry)  # set aside by fresh(), its thread died with its process
+            rmtree(entry)  # set aside by fresh(), its thread died with its process
             continue
         if entry.name in keep or owned(entry) is None:
             continue

@@ -34,16 +34,18 @@ import os
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Mapping
 
+from sandboxes import config
+from sandboxes.backends import idmap, overlay, procs, trees
 from sandboxes.backends import limits as limits_mod
-from sandboxes.backends import procs
 from sandboxes.backends.base import CONTAINER_RUN_DIR
-from sandboxes.backends.hostdir import HostDirBackend
+from sandboxes.backends.hostdir import SNAPSHOT_PREFIX, HostDirBackend
 from sandboxes.errors import BackendUnavailable, SandboxError, SandboxNotRunning
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,7 @@ STAGE = "/tmp"
 class LocalBackend(HostDirBackend):
     name = "local"
     isolation = "bwrap"
+    tree_owners = trees.ROOT  # shown as each sandbox's own uid (sandboxes/backends/idmap.py)
 
     def run_dir_inside(self, run_dir: Path) -> str:
         return CONTAINER_RUN_DIR
@@ -84,10 +87,82 @@ class LocalBackend(HostDirBackend):
     def _foreign_python(self, argv0: str) -> bool:
         return super()._foreign_python(argv0) and not argv0.startswith("/usr/")
 
+    # --- homes laid over prepared trees (issue 17) --------------------------------------------
+    def prepares_trees(self) -> bool:
+        """Root, bubblewrap, ALINEO_PREPARED_TREES and id-mapped overlay mounts
+        (probed once, sandboxes/backends/idmap.py)."""
+        if not config.prepared_trees() or os.geteuid() != 0 or bwrap_problem():
+            return False
+        return idmap.problem() is None
+
+    def new_tree_home(self, agent_id: str, image: str, tree, labels: dict | None = None) -> str | None:
+        """The tree's key, for :meth:`create` (which lays the home over it),
+        when this sandbox can have such a home: not from a snapshot (whose
+        home would be under the checkpoint's: then it is extracted)."""
+        if image.startswith(SNAPSHOT_PREFIX) or not self.prepares_trees():
+            return None
+        return tree.key
+
+    def tree_keys_in_use(self) -> set[str]:
+        keys = set()
+        for entry in self.root.iterdir() if self.root.is_dir() else ():
+            try:
+                keys.add(json.loads((entry / "meta.json").read_text())["tree"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return keys
+
+    def sweep_homes(self) -> list[str]:
+        """Remove the prepared trees no sandbox's home is laid over."""
+        if not self.prepares_trees():
+            return []
+        trees.sweep(self.tree_keys_in_use)
+        return []
+
+    def _mount_tree_home(self, sandbox_id: str, meta: dict) -> None:
+        """Mount the home laid over its tree (again, after a reboot)."""
+        path = self._dir(sandbox_id)
+        tree = trees.top() / meta["tree"] / "root"
+        if not tree.is_dir():
+            raise SandboxError(f"the prepared tree under the home of {sandbox_id} is gone",
+                               permanent=True)
+        uid = meta["host_uid"]
+        idmap.mount_home(tree, path / "upper", path / "work", path / "home", uid, uid)
+
+    def write_home(self, sandbox_id: str, tar_chunks) -> None:
+        """A home laid over a tree is written only before its first start,
+        into its upper layer (nothing is mounted, nothing of the sandbox ran);
+        any other home as the base class writes it."""
+        meta = self._meta(sandbox_id)
+        if not meta.get("tree"):
+            return super().write_home(sandbox_id, tar_chunks)
+        path = self._dir(sandbox_id)
+        if (path / "pid").exists() or os.path.ismount(path / "home"):
+            raise SandboxError(f"the home of {sandbox_id} is laid over a tree and in use: "
+                               "written only before its first start", permanent=True)
+        fd = os.open(path / "upper", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        overlay.tar_in(sandbox_id, fd, tar_chunks, config.restore_caps())
+        procs.chown_tree(path / "upper", meta["host_uid"], meta["host_uid"])
+
+    def read_home(self, sandbox_id: str):
+        meta = self._meta(sandbox_id)
+        if meta.get("tree"):
+            self._mount_tree_home(sandbox_id, meta)
+        return super().read_home(sandbox_id)
+
     # --- create: owner and files ---------------------------------------------------------
     def _prepare(self, staging: Path, meta: dict) -> None:
         uid = host_uid(meta["id"]) if os.geteuid() == 0 else None
         meta["host_uid"] = uid
+        if meta.get("tree"):
+            if uid is None:
+                raise SandboxError("a home laid over a tree needs a root control plane",
+                                   permanent=True)
+            if not (staging / "upper").exists():  # (an adopted sandbox has them)
+                tree_root = trees.top() / meta["tree"] / "root"
+                (staging / "upper").mkdir(mode=stat.S_IMODE(tree_root.stat().st_mode))
+                os.chown(staging / "upper", uid, uid)
+                (staging / "work").mkdir(mode=0o700)
         etc = staging / "etc"
         etc.mkdir(exist_ok=True)
         (etc / "passwd").write_text(
@@ -111,6 +186,9 @@ class LocalBackend(HostDirBackend):
         return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
 
     def commit(self, sandbox_id: str, tag: str, *, labels: Mapping[str, str] | None = None) -> str:
+        meta = self._meta(sandbox_id)
+        if meta.get("tree"):
+            self._mount_tree_home(sandbox_id, meta)
         # Paused while the home is copied (as `docker commit` pauses): the copy
         # runs as root, and nothing in the sandbox may swap a directory for a
         # link to a host path under it.
@@ -145,6 +223,8 @@ class LocalBackend(HostDirBackend):
                 lim["pids"], lim["memory_mb"], lim.get("cpus")))
         else:
             command = limits_mod.prlimit_argv(limits_mod.rlimits(lim["pids"], lim["memory_mb"])) + command
+        if meta.get("tree"):
+            self._mount_tree_home(sandbox_id, meta)
         uid = meta.get("host_uid")
         stage = _Stage(uid is not None)
         info_r, info_w = os.pipe()

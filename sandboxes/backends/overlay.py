@@ -122,13 +122,17 @@ def tar_out(sandbox_id: str, fd: int) -> Iterator[bytes]:
             + stderr.decode(errors="replace")[-2000:], exit_code=code, stderr=stderr)
 
 
-def tar_in(sandbox_id: str, fd: int, tar_chunks: Iterable[bytes], caps: tuple) -> None:
+def tar_in(sandbox_id: str, fd: int, tar_chunks: Iterable[bytes], caps: tuple,
+           same_owner: bool | None = None) -> None:
     """Extract a tar stream into the directory ``fd`` (closed at the end) with
     GNU tar, each entry handed to it only after its header passed the rules
     (UnsafeArchive at the first that fails: tar is stopped, the entries
-    before it stay, all inside the home)."""
+    before it stay, all inside the home). ``same_owner``: the owners in the
+    tar (the default as root) or this user's."""
     try:
-        flags = UNTAR_FLAGS if os.geteuid() == 0 else NON_ROOT_UNTAR_FLAGS
+        if same_owner is None:
+            same_owner = os.geteuid() == 0
+        flags = UNTAR_FLAGS if same_owner else NON_ROOT_UNTAR_FLAGS
         argv = ["tar", "-x", "-f", "-", "-C", f"/proc/self/fd/{fd}", *flags]
         with tempfile.TemporaryFile() as errf:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,

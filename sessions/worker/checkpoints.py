@@ -15,6 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from sandboxes import archive
+from sandboxes.backends import trees
 from sandboxes.backends.base import SandboxBackend
 from sandboxes.launch import harness_revision, profile_revision
 from sessions import journal
@@ -34,6 +35,7 @@ async def after_turn(info: AgentInfo, backend: SandboxBackend, turn: int, throug
         stored = await asyncio.to_thread(archive.store_checkpoint, backend, info.sandbox_id,
                                          info.id, turn)
         await database_sync_to_async(record)(info, turn, stored, through_seq=through_seq)
+        await asyncio.to_thread(prepare_tree, backend, stored.path)  # may probe the engine once
     except Exception as exc:  # noqa: BLE001 - a missed checkpoint, not a failed turn
         log.warning("agent %s: checkpoint of turn %s failed: %s", info.id, turn, exc)
         await store.append(info.id, [("agent.checkpoint_failed", {"turn": turn, "reason": _why(exc)})])
@@ -58,6 +60,21 @@ async def on_request(info: AgentInfo, backend: SandboxBackend, turn: int,
             failure=("runtime.checkpoint_failed", reason),
             facts=[("agent.checkpoint_failed", {"turn": turn, "reason": reason,
                                                 "command": cmd.id})])
+
+
+def prepare_tree(backend: SandboxBackend, path) -> None:
+    """Have the checkpoint extracted in the background, so that a restore or
+    a fork from it lays its home over the tree (sandboxes/backends/trees.py)."""
+    global PREPARER
+    if not backend.prepares_trees():
+        return
+    if PREPARER is None:
+        PREPARER = trees.Preparer(backend.tree_keys_in_use, backend.tree_owners)
+    PREPARER.submit(path)
+
+
+#: The one background preparer of this process (made at the first checkpoint).
+PREPARER: trees.Preparer | None = None
 
 
 def record(info: AgentInfo, turn: int, stored: archive.StoredCheckpoint, *,

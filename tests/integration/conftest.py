@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests import live
-from tests.integration.worlds import World, cleanup_sandboxes, start_server
+from tests.integration.worlds import World, cleanup_sandboxes, remove_tree_volumes_under, start_server
 from tests.live import LiveServer
 
 
@@ -86,6 +86,7 @@ def _remove_containers_under(roots: list[str]) -> None:
         for c in client.api.containers(all=True, filters={"label": "alineo.managed=1"}):
             if any(_under(m.get("Source", ""), roots) for m in c.get("Mounts") or []):
                 client.api.remove_container(c["Id"], force=True, v=True)
+        remove_tree_volumes_under(client, roots)
     finally:
         client.close()
 

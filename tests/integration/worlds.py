@@ -57,6 +57,7 @@ def cleanup_sandboxes(server: LiveServer, kind: str) -> None:
         try:
             for c in client.api.containers(all=True, filters={"label": LABEL}):
                 client.api.remove_container(c["Id"], force=True, v=True)
+            remove_tree_volumes_under(client, [str(server.data_dir)])
         finally:
             client.close()
     else:
@@ -65,6 +66,19 @@ def cleanup_sandboxes(server: LiveServer, kind: str) -> None:
         backend = LocalBackend(root=server.data_dir / "sandboxes")
         for handle in backend.list():
             backend.remove(handle.id)
+
+
+def remove_tree_volumes_under(client, roots: list[str]) -> None:
+    """The volumes of homes laid over trees (sandboxes/backends/docker_trees.py)
+    whose layers lie under ``roots``: a container removed with ``v=True``
+    leaves its named volume to the server's sweep, which stopped with it."""
+    for v in client.api.volumes(filters={"label": "alineo.managed=1"})["Volumes"] or []:
+        upper = (v.get("Options") or {}).get("o", "").partition("upperdir=")[2].split(",")[0]
+        if upper and any(upper.startswith(r.rstrip("/") + "/") for r in roots):
+            try:
+                client.api.remove_volume(v["Name"], force=True)
+            except Exception:  # noqa: BLE001 - still in use: its container goes first
+                pass
 
 
 def start_server(kind: str, env: dict[str, str] | None = None) -> LiveServer:

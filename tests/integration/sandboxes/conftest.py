@@ -54,6 +54,8 @@ def docker_cleanup():
     label = f"alineo.test={RUN_ID}"
     for c in client.api.containers(all=True, filters={"label": label}):
         client.api.remove_container(c["Id"], force=True, v=True)
+    for v in client.api.volumes(filters={"label": label})["Volumes"] or []:
+        client.api.remove_volume(v["Name"], force=True)  # tree homes (docker_trees.py)
     for img in client.api.images(filters={"label": label}):
         client.api.remove_image(img["Id"], force=True)
 

@@ -10,7 +10,6 @@ carries no home, and the directory goes with its sandbox (or at the sweep)."""
 
 from __future__ import annotations
 
-import io
 import os
 import tarfile
 import time
@@ -23,40 +22,8 @@ from sandboxes import archive, launch
 from sandboxes.backends import hosthome
 from sandboxes.backends.base import LABEL_AGENT
 from sandboxes.backends.docker import HOME
-from sandboxes.errors import UnsafeArchive
 from tests.integration.sandboxes.conftest import TEST_LABELS
-
-LISTING = ("find /root -path /root/.alineo -prune -o -printf '%P %U %G %m %y %l\\n' | sort; "
-           "cat /root/w/a.txt /root/w/hard")
-
-
-def _tar(entries) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
-        for name, kind, data, kw in entries:
-            info = tarfile.TarInfo(name)
-            info.type, info.mtime, info.size = kind, 1_700_000_000, len(data)
-            for key, value in {"mode": 0o644, **kw}.items():
-                setattr(info, key, value)
-            tf.addfile(info, io.BytesIO(data) if data else None)
-    return buf.getvalue()
-
-
-def _home_tar() -> bytes:
-    return _tar([
-        (".", tarfile.DIRTYPE, b"", {"mode": 0o700}),
-        ("./w", tarfile.DIRTYPE, b"", {"mode": 0o755, "uid": 1000, "gid": 1000}),
-        ("./w/a.txt", tarfile.REGTYPE, b"alpha\n", {"mode": 0o604, "uid": 1000, "gid": 1000}),
-        ("./w/hard", tarfile.LNKTYPE, b"", {"linkname": "./w/a.txt", "mode": 0o604,
-                                            "uid": 1000, "gid": 1000}),
-        ("./w/link", tarfile.SYMTYPE, b"", {"linkname": "a.txt", "mode": 0o777}),
-    ])
-
-
-def _checkpoint(tmp_path, data: bytes, name: str = "home") -> str:
-    path = tmp_path / f"{name}-turn-1.tar.zst"
-    path.write_bytes(zstandard.ZstdCompressor().compress(data))
-    return str(path)
+from tests.integration.sandboxes.homes import LISTING, checkpoint_of, home_tar, tar_of
 
 
 @pytest.fixture
@@ -77,7 +44,7 @@ def _home_of(backend, sid):
 
 def test_a_restored_home_is_the_checkpoint_in_a_host_dir(docker_sandboxes, fresh, tmp_path, settings):
     b = docker_sandboxes.backend
-    ckpt = _checkpoint(tmp_path, _home_tar())
+    ckpt = checkpoint_of(tmp_path, home_tar())
     sid, agent = fresh(ckpt)
     home = _home_of(b, sid)
     assert home == hosthome.path_for(agent) and (home / "w" / "a.txt").read_bytes() == b"alpha\n"
@@ -95,7 +62,7 @@ def test_a_restored_home_is_the_checkpoint_in_a_host_dir(docker_sandboxes, fresh
 def test_the_sandbox_writes_its_host_home_and_reaches_nothing_beyond_it(docker_sandboxes, fresh,
                                                                         tmp_path):
     b = docker_sandboxes.backend
-    sid, agent = fresh(_checkpoint(tmp_path, _home_tar()))
+    sid, agent = fresh(checkpoint_of(tmp_path, home_tar()))
     home = _home_of(b, sid)
     neighbour = hosthome.path_for("hh-neighbour")
     neighbour.mkdir(exist_ok=True)
@@ -151,16 +118,16 @@ def test_caps_and_bombs_are_refused_before_the_host_home_takes_them(docker_sandb
     b = docker_sandboxes.backend
     settings.ALINEO_RESTORE_MAX_BYTES = 1_000_000
     bombs = {
-        "zeros": _tar([("zeros", tarfile.REGTYPE, bytes(2_000_000), {})]),
-        "escape": _tar([("./etc", tarfile.SYMTYPE, b"", {"linkname": "../../etc"}),
+        "zeros": tar_of([("zeros", tarfile.REGTYPE, bytes(2_000_000), {})]),
+        "escape": tar_of([("./etc", tarfile.SYMTYPE, b"", {"linkname": "../../etc"}),
                         ("./etc/escaped", tarfile.REGTYPE, b"x", {})]),
-        "device": _tar([("./null", tarfile.CHRTYPE, b"", {"devmajor": 1, "devminor": 3})]),
-        "dotdot": _tar([("../outside.txt", tarfile.REGTYPE, b"x", {})]),
+        "device": tar_of([("./null", tarfile.CHRTYPE, b"", {"devmajor": 1, "devminor": 3})]),
+        "dotdot": tar_of([("../outside.txt", tarfile.REGTYPE, b"x", {})]),
     }
     for name, data in bombs.items():
         agent = f"hh-bomb-{name}"
         with pytest.raises(launch.CheckpointUnusable):
-            fresh(_checkpoint(tmp_path, data, name), agent)
+            fresh(checkpoint_of(tmp_path, data, name), agent)
         # Nothing left: no container, no home, nothing written beside it.
         assert b.list({LABEL_AGENT: agent}) == []
         assert not hosthome.path_for(agent).exists()
@@ -171,7 +138,7 @@ def test_caps_and_bombs_are_refused_before_the_host_home_takes_them(docker_sandb
 def test_a_host_home_grown_past_the_cap_is_not_checkpointed(docker_sandboxes, fresh, tmp_path,
                                                             settings):
     b = docker_sandboxes.backend
-    sid, agent = fresh(_checkpoint(tmp_path, _home_tar()))
+    sid, agent = fresh(checkpoint_of(tmp_path, home_tar()))
     assert b.exec(sid, ["sh", "-c", "head -c 3000000 /dev/urandom > /root/big"]).ok
     settings.ALINEO_RESTORE_MAX_BYTES = 1_000_000
     with pytest.raises(archive.HomeTooLarge):
@@ -180,7 +147,7 @@ def test_a_host_home_grown_past_the_cap_is_not_checkpointed(docker_sandboxes, fr
 
 def test_commit_carries_no_host_home(docker_sandboxes, fresh, tmp_path):
     b = docker_sandboxes.backend
-    sid, _ = fresh(_checkpoint(tmp_path, _home_tar()))
+    sid, _ = fresh(checkpoint_of(tmp_path, home_tar()))
     ref = docker_sandboxes.commit(sid, f"alineo-test-hh:{uuid.uuid4().hex[:8]}")
     plain = docker_sandboxes.started("hh-from-commit", image=ref)
     assert b.exec(plain, ["test", "-e", "/root/w/a.txt"]).exit_code == 1
@@ -189,7 +156,7 @@ def test_commit_carries_no_host_home(docker_sandboxes, fresh, tmp_path):
 def test_the_home_goes_with_its_sandbox_or_at_the_sweep(docker_sandboxes, fresh, tmp_path,
                                                         monkeypatch):
     b = docker_sandboxes.backend
-    ckpt = _checkpoint(tmp_path, _home_tar())
+    ckpt = checkpoint_of(tmp_path, home_tar())
     kept, _ = fresh(ckpt)
     vanished, _ = fresh(ckpt)
     removed, _ = fresh(ckpt)
