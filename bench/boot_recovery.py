@@ -188,7 +188,32 @@ def remove_labelled() -> int:
                 client.api.remove_container(c["Id"], force=True, v=True)
             except Exception as exc:  # noqa: BLE001 - report it, remove the rest
                 sys.stderr.write(f"cannot remove {c['Id'][:12]}: {exc}\n")
+        for v in client.api.volumes(filters={"label": LABEL})["Volumes"] or []:
+            try:  # homes laid over prepared trees (sandboxes/backends/docker_trees.py)
+                client.api.remove_volume(v["Name"], force=True)
+            except Exception as exc:  # noqa: BLE001 - report it, remove the rest
+                sys.stderr.write(f"cannot remove volume {v['Name']}: {exc}\n")
         return len(found)
+    finally:
+        client.close()
+
+
+def trees_ready(data_dir: Path) -> int:
+    """How many checkpoints are prepared (sandboxes/backends/trees.py)."""
+    top = data_dir / "trees"
+    return sum(1 for p in top.iterdir() if not p.name.startswith((".", "seed-"))
+               and (p / "root").is_dir()) if top.is_dir() else 0
+
+
+def over_trees(sids: list[str]) -> int:
+    """How many of these containers have a home laid over a tree (a volume at /root)."""
+    import docker
+
+    client = docker.from_env()
+    try:
+        return sum(1 for sid in sids if any(
+            m["Type"] == "volume" and m["Destination"] == "/root"
+            for m in client.api.inspect_container(sid)["Mounts"]))
     finally:
         client.close()
 
@@ -252,7 +277,7 @@ class Recovery:
         self.client = Client(live.url, actor.auth)
         self.spawn()
         self.reattach(live)
-        self.restore()
+        self.restore(live.data_dir)
         self.answer()
 
     def close(self) -> None:
@@ -328,9 +353,15 @@ class Recovery:
                   f"{REATTACH_S:.0f} s; machine: {self.load.between(t_restart, t_end)}")))
         self.rows.append(median_row("boot: reattach, per-agent median", reattach))
 
-    def restore(self) -> None:
-        """docker rm -f every container: every agent restored from its checkpoint?"""
+    def restore(self, data_dir: Path) -> None:
+        """docker rm -f every container: every agent restored from its checkpoint?
+        First (not timed, at most 120 s) the workers' background preparation of
+        the turn-1 checkpoints' trees: the warm state a loss finds."""
         n = self.n
+        t_wait = time.time()
+        while trees_ready(data_dir) < n and time.time() < t_wait + 120:
+            time.sleep(0.5)
+        prepared, waited = trees_ready(data_dir), time.time() - t_wait
         time.sleep(2)
         self.skip_to_head()
         t_rm = time.time()
@@ -342,6 +373,7 @@ class Recovery:
         other = self.other_facts("restore")
         new_sids = self.client.sandboxes()
         moved = sum(1 for a in self.agents if new_sids.get(a) and new_sids[a] != self.sids[a])
+        laid = over_trees([new_sids[a] for a in self.agents if new_sids.get(a)])
         total, shown = slowest(restore, n)
         self.rows.append(C.row(
             f"boot: docker rm -f {n} -> all restored", shown,
@@ -349,7 +381,9 @@ class Recovery:
             note=(f"{len(restore)}/{n} restored (rung restore) from their turn-1 checkpoint; "
                   f"per agent (rm issued -> its fact's ts) {spread(list(restore.values()))}; "
                   f"`docker rm -f` of {removed} containers took {rm_s:.1f} s; "
-                  f"{moved}/{n} agents now on a new sandbox id; other rungs/facts: {other or 'none'}; "
+                  f"{moved}/{n} agents now on a new sandbox id, {laid}/{n} with the home laid over "
+                  f"the checkpoint's prepared tree ({prepared}/{n} trees ready before the rm, waited "
+                  f"{waited:.1f} s, not timed); other rungs/facts: {other or 'none'}; "
                   f"{len(restored_any)}/{n} had a fact within {RESTORE_S:.0f} s; "
                   f"machine: {self.load.between(t_rm, t_end)}")))
         self.rows.append(median_row("boot: restore, per-agent median", restore))

@@ -21,7 +21,12 @@ __pycache__/*.pyc files.
   container (its old home left behind, as after a real loss); "fork" is a new
   agent. The floor is host `zstd -dc | tar -x` of the same checkpoint into a
   directory on the same disk, in the same round; the ratio is the median of
-  the per-round ratios. The engine's put_archive path (ALINEO_DOCKER_HOST_TAR=0)
+  the per-round ratios. Where the backend lays homes over prepared trees (a
+  root control plane), the same rounds also restore and fork over the
+  checkpoint's tree (extracted once before the rounds, as the worker does
+  after each turn checkpoint: an info row gives that cost); the extracting
+  rows then run with ALINEO_PREPARED_TREES=0, ruled by their ratio only.
+  The engine's put_archive path (ALINEO_DOCKER_HOST_TAR=0)
   runs in the same rounds for reference. One warm-up round; the removals are
   not timed, and each run first waits (untimed) until no home set aside by
   an earlier restore is still being deleted and the disk has settled
@@ -213,7 +218,7 @@ def _restore_rows(backend, ckpt: Path, work: Path, reps: int, made: list[str], w
     the same restore through the engine's put_archive, interleaved, one
     warm-up round."""
     trees_too = backend.prepares_trees()
-    prepared = prepare_tree(ckpt, work) if trees_too else None
+    prepared = prepare_tree(ckpt, work, backend.tree_owners) if trees_too else None
     got_all: dict[str, list] = {k: [] for k in ("floor", "restore", "fork", "engine",
                                                 "tree-restore", "tree-fork")}
     deadline = time.monotonic() + ROUNDS_BUDGET_S
@@ -268,14 +273,14 @@ def _restore_rows(backend, ckpt: Path, work: Path, reps: int, made: list[str], w
     return rows
 
 
-def prepare_tree(ckpt: Path, work: Path) -> tuple[float, float]:
+def prepare_tree(ckpt: Path, work: Path, owners: str) -> tuple[float, float]:
     """(seconds of trees.prepare, seconds of the floor just before it)."""
     from sandboxes.backends import trees
 
-    floor = D.host_floor(ckpt, work / "floor-prepare")
+    floor = D.host_floor(ckpt, work / f"floor-prepare-{owners}")
     D.settle_disk(ckpt)
     t0 = time.perf_counter()
-    trees.prepare(ckpt)
+    trees.prepare(ckpt, owners)
     return time.perf_counter() - t0, floor
 
 
