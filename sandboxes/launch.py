@@ -217,9 +217,14 @@ def _create(backend: SandboxBackend, launch: Launch, *, seed: dict | None = None
         home_dir = backend.new_host_home(launch.agent_id, image)
         if home_dir is not None:
             home, how, command = {"home_dir": home_dir}, "host", command + ["--wait-home"]
-    sid = backend.create(launch.agent_id, image, run_dir=str(run_dir_for(launch.agent_id)),
-                         limits=spec.get("limits"), network=spec.get("network") or "none",
-                         env=env, labels=all_labels, command=command, binds=binds, **home)
+    try:
+        sid = backend.create(launch.agent_id, image, run_dir=str(run_dir_for(launch.agent_id)),
+                             limits=spec.get("limits"), network=spec.get("network") or "none",
+                             env=env, labels=all_labels, command=command, binds=binds, **home)
+    except BaseException:
+        if volume is not None:
+            backend.discard_tree_home(volume)
+        raise
     return sid, how
 
 
@@ -240,8 +245,22 @@ def build_fresh(backend: SandboxBackend, launch: Launch, fresh: Fresh) -> str:
     home is laid over it and nothing is extracted. With a host-dir home (the
     docker backend as root, issue 17) the sandbox is started while the
     checkpoint is extracted: its bridge waits for the seal, so nothing in the
-    sandbox runs before its home is complete."""
+    sandbox runs before its home is complete. A home that cannot be laid over
+    its tree (a file system without overlays, a mount refused) is extracted
+    instead: the tree is only ever a faster way to the same home."""
     tree = prepared_tree(backend, fresh.checkpoint)
+    if tree is not None:
+        try:
+            return _build(backend, launch, fresh, tree)
+        except (BackendUnavailable, SandboxNotFound, CheckpointUnusable):
+            raise
+        except (SandboxError, OSError) as exc:
+            log.warning("agent %s: laying the home over the prepared tree failed, extracting "
+                        "the checkpoint instead: %s", launch.agent_id, exc)
+    return _build(backend, launch, fresh, None)
+
+
+def _build(backend: SandboxBackend, launch: Launch, fresh: Fresh, tree: trees.Tree | None) -> str:
     sid, how = _create(backend, launch, seed=fresh.seed, labels=fresh.labels,
                        host_home=bool(fresh.checkpoint), tree=tree)
     waits = how == "host"

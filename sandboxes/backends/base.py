@@ -255,6 +255,9 @@ class SandboxBackend(abc.ABC):
         none to offer (then the checkpoint is extracted)."""
         return None
 
+    def discard_tree_home(self, token: str) -> None:
+        """Undo :meth:`new_tree_home` when :meth:`create` then failed."""
+
     def tree_keys_in_use(self) -> set[str]:
         """The prepared trees the homes of this backend are laid over."""
         return set()

@@ -106,18 +106,18 @@ class TreeHomes:
         layers.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         layers.mkdir(mode=0o700)
         try:
-            _upper_like(tree.root, layers / "upper")
-            (layers / "work").mkdir(mode=0o700)
             with trees.using(tree) as ok, trees.using(seed) as seed_ok:
                 if not (ok and seed_ok):
                     shutil.rmtree(layers, ignore_errors=True)
                     return None
+                _upper_like(tree.root, layers / "upper")
+                (layers / "work").mkdir(mode=0o700)
                 with self._errors():
                     self.client.api.create_volume(
                         volume, driver="local",
                         driver_opts={"type": "overlay", "device": "overlay",
                                      "o": f"lowerdir={paths[0]}:{paths[1]},upperdir={paths[2]},"
-                                          f"workdir={paths[3]}"},
+                                          f"workdir={paths[3]},nosuid,nodev"},
                         labels={**(labels or config.extra_labels()), LABEL_MANAGED: "1",
                                 LABEL_AGENT: str(agent_id), LABEL_TREE: tree.key,
                                 LABEL_SEED: seed.key})
@@ -136,6 +136,10 @@ class TreeHomes:
         fd = os.open(upper, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         overlay.tar_in(sandbox_id, fd, tar_chunks, config.restore_caps())
         return True
+
+    def discard_tree_home(self, token: str) -> None:
+        """A tree home made for a sandbox that was never created."""
+        self.remove_tree_home(token)
 
     def remove_tree_home(self, volume: str | None) -> None:
         """Remove a tree home's volume (its container is gone) and its layer."""
@@ -170,7 +174,7 @@ class TreeHomes:
             if entry.name not in names and _SAFE_VOLUME.match(entry.name) and not entry.is_symlink():
                 if time.time() - entry.lstat().st_ctime >= hosthome.ORPHAN_AGE_S:
                     _remove_layer(entry)  # its volume was never made, or removed by hand
-        trees.sweep(self.tree_keys_in_use)
+        trees.sweep(self.tree_keys_in_use, self.tree_owners)
         return gone
 
     def tree_keys_in_use(self) -> set[str]:
@@ -196,7 +200,7 @@ def _age_s(volume: dict) -> float:
     try:
         made = datetime.fromisoformat(str(volume.get("CreatedAt")).replace("Z", "+00:00"))
     except ValueError:
-        return float("inf")
+        return 0.0  # not a time we can read: never taken for an orphan's
     return time.time() - made.timestamp()
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -58,6 +59,8 @@ from sandboxes.errors import (
     SandboxNotRunning,
 )
 from sandboxes.safe_tar import as_fileobj, safe_extract
+
+log = logging.getLogger(__name__)
 
 #: (run dir, home) as an isolated sandbox's processes see them, by isolation
 #: (sandboxes/backends/local.py mounts them there); unisolated ones see host paths.
@@ -417,7 +420,10 @@ class HostDirBackend(HostSnapshots, SandboxBackend):
             # A home laid over a tree is unmounted first (the sandbox's own
             # mount namespace keeps its view until its processes die below):
             # removing the directory must never delete through the overlay.
-            idmap.unmount(path / "home")
+            try:
+                idmap.unmount(path / "home")
+            except OSError as exc:  # removed all the same: deleting through it spares the tree
+                log.warning("unmounting the home of %s failed: %s", sandbox_id, exc)
             # Gone for status() BEFORE its process dies: a driver that sees its
             # bridge drop must find the sandbox missing, never merely exited.
             os.rename(path, trash)

@@ -24,7 +24,9 @@ finds its home.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import functools
 import os
 import platform
@@ -37,6 +39,7 @@ from pathlib import Path
 SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442
 OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC = 1, 0o2000000
 AT_FDCWD, AT_EMPTY_PATH = -100, 0x1000
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
 MOUNT_ATTR_IDMAP = 0x00100000
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
 MS_NOSUID, MS_NODEV = 0x2, 0x4
@@ -83,18 +86,25 @@ def _userns_fd(uid: int, gid: int) -> int:
 
 
 def _idmapped_at(source: Path, target: Path, uid: int, gid: int) -> None:
-    """Mount ``source`` at ``target`` (an empty directory) with root's files
-    shown as ``uid``/``gid``'s."""
+    """Mount ``source`` at ``target`` (an empty directory) read-only, with
+    root's files shown as ``uid``/``gid``'s. Read-only: should it ever be
+    left attached (a process killed in between), nothing deleting through it
+    can touch the shared tree."""
     userns = _userns_fd(uid, gid)
+    cint, cstr = ctypes.c_int, ctypes.c_char_p
     try:
-        tree = _check(_libc.syscall(SYS_OPEN_TREE, AT_FDCWD, os.fsencode(source),
-                                    OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC), "open_tree")
+        tree = _check(_libc.syscall(ctypes.c_long(SYS_OPEN_TREE), cint(AT_FDCWD),
+                                    cstr(os.fsencode(source)),
+                                    ctypes.c_uint(OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)), "open_tree")
         try:
-            attr = _MountAttr(MOUNT_ATTR_IDMAP, 0, 0, userns)
-            _check(_libc.syscall(SYS_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH,
-                                 ctypes.byref(attr), ctypes.sizeof(attr)), "mount_setattr")
-            _check(_libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, os.fsencode(target),
-                                 MOVE_MOUNT_F_EMPTY_PATH), "move_mount")
+            attr = _MountAttr(MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID
+                              | MOUNT_ATTR_NODEV, 0, 0, userns)
+            _check(_libc.syscall(ctypes.c_long(SYS_MOUNT_SETATTR), cint(tree), cstr(b""),
+                                 ctypes.c_uint(AT_EMPTY_PATH), ctypes.byref(attr),
+                                 ctypes.c_size_t(ctypes.sizeof(attr))), "mount_setattr")
+            _check(_libc.syscall(ctypes.c_long(SYS_MOVE_MOUNT), cint(tree), cstr(b""),
+                                 cint(AT_FDCWD), cstr(os.fsencode(target)),
+                                 ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH)), "move_mount")
         finally:
             os.close(tree)
     finally:
@@ -105,11 +115,15 @@ def mount_home(tree_root: Path, upper: Path, work: Path, home: Path, uid: int, g
     """The overlay of ``tree_root`` (id-mapped to ``uid``) and ``upper`` at
     ``home``; nothing when it is mounted already. The id-mapped mount of the
     tree is detached once the overlay holds it."""
-    if os.path.ismount(home):
-        return
-    lower = Path(tempfile.mkdtemp(prefix=".lower-", dir=home.parent))
-    try:
-        _idmapped_at(tree_root, lower, uid, gid)
+    with _locked(home):
+        if os.path.ismount(home):
+            return
+        lower = Path(tempfile.mkdtemp(prefix=".lower-", dir=home.parent))
+        try:
+            _idmapped_at(tree_root, lower, uid, gid)
+        except BaseException:
+            os.rmdir(lower)
+            raise
         try:
             options = f"lowerdir={lower},upperdir={upper},workdir={work}"
             if _libc.mount(b"overlay", os.fsencode(home), b"overlay", MS_NOSUID | MS_NODEV,
@@ -117,31 +131,52 @@ def mount_home(tree_root: Path, upper: Path, work: Path, home: Path, uid: int, g
                 err = ctypes.get_errno()
                 raise OSError(err, f"mount overlay at {home}: {os.strerror(err)}")
         finally:
-            _libc.umount2(os.fsencode(lower), MNT_DETACH)
-    finally:
+            _umount(lower)
         os.rmdir(lower)
+
+
+@contextlib.contextmanager
+def _locked(home: Path):
+    """One mount or unmount of ``home`` at a time (a start racing a
+    checkpoint's read must not stack two overlays)."""
+    fd = os.open(home.parent / ".mount.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _umount(path: Path) -> None:
+    if _libc.umount2(os.fsencode(path), MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"umount {path}: {os.strerror(err)}")
 
 
 def unmount(home: Path) -> None:
     """Detach the overlay at ``home`` (a sandbox's processes that still hold
     it keep their view until they end)."""
-    if os.path.ismount(home):
-        if _libc.umount2(os.fsencode(home), MNT_DETACH) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"umount {home}: {os.strerror(err)}")
+    if not os.path.ismount(home):
+        return
+    with _locked(home):
+        for _ in range(8):  # every overlay stacked there, should there be more than one
+            if not os.path.ismount(home):
+                break
+            _umount(home)
 
 
-@functools.lru_cache(maxsize=1)
-def problem() -> str | None:
-    """Why homes cannot be laid over trees here, or None (probed once: a real
-    id-mapped overlay in a temp dir)."""
+@functools.lru_cache(maxsize=8)
+def problem(where: str) -> str | None:
+    """Why homes cannot be laid over trees on the file system of ``where``
+    (the trees' directory), or None (probed once: a real id-mapped overlay
+    in a temp dir there)."""
     if os.geteuid() != 0:
         return "not root"
     if platform.machine() not in ("x86_64", "aarch64"):
         return f"no syscall numbers for {platform.machine()}"
     if not shutil.which("unshare"):
         return "util-linux's unshare is missing"
-    top = Path(tempfile.mkdtemp(prefix="alineo-idmap-probe-"))
+    top = Path(tempfile.mkdtemp(prefix=".idmap-probe-", dir=where))
     try:
         for name in ("tree", "upper", "work", "home"):
             (top / name).mkdir()

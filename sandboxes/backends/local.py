@@ -93,7 +93,7 @@ class LocalBackend(HostDirBackend):
         (probed once, sandboxes/backends/idmap.py)."""
         if not config.prepared_trees() or os.geteuid() != 0 or bwrap_problem():
             return False
-        return idmap.problem() is None
+        return idmap.problem(str(trees.top())) is None
 
     def new_tree_home(self, agent_id: str, image: str, tree, labels: dict | None = None) -> str | None:
         """The tree's key, for :meth:`create` (which lays the home over it),
@@ -116,7 +116,7 @@ class LocalBackend(HostDirBackend):
         """Remove the prepared trees no sandbox's home is laid over."""
         if not self.prepares_trees():
             return []
-        trees.sweep(self.tree_keys_in_use)
+        trees.sweep(self.tree_keys_in_use, self.tree_owners)
         return []
 
     def _mount_tree_home(self, sandbox_id: str, meta: dict) -> None:
@@ -127,7 +127,11 @@ class LocalBackend(HostDirBackend):
             raise SandboxError(f"the prepared tree under the home of {sandbox_id} is gone",
                                permanent=True)
         uid = meta["host_uid"]
-        idmap.mount_home(tree, path / "upper", path / "work", path / "home", uid, uid)
+        try:
+            idmap.mount_home(tree, path / "upper", path / "work", path / "home", uid, uid)
+        except OSError as exc:
+            raise SandboxError(f"the home of {sandbox_id} cannot be mounted over its tree: {exc}",
+                               permanent=True) from exc
 
     def write_home(self, sandbox_id: str, tar_chunks) -> None:
         """A home laid over a tree is written only before its first start,
@@ -160,8 +164,9 @@ class LocalBackend(HostDirBackend):
                                    permanent=True)
             if not (staging / "upper").exists():  # (an adopted sandbox has them)
                 tree_root = trees.top() / meta["tree"] / "root"
-                (staging / "upper").mkdir(mode=stat.S_IMODE(tree_root.stat().st_mode))
+                (staging / "upper").mkdir(mode=0o700)
                 os.chown(staging / "upper", uid, uid)
+                os.chmod(staging / "upper", stat.S_IMODE(tree_root.stat().st_mode))
                 (staging / "work").mkdir(mode=0o700)
         etc = staging / "etc"
         etc.mkdir(exist_ok=True)

@@ -115,8 +115,11 @@ def prepare(checkpoint: str | os.PathLike, owners: str = KEEP) -> Tree:
     found = find(checkpoint, owners)
     if found is not None:
         return found
-    key = key_for(checkpoint, owners)
     with open(checkpoint, "rb") as fh:
+        key = key_for(checkpoint, owners)
+        if (os.fstat(fh.fileno()).st_ino, os.fstat(fh.fileno()).st_size) != (
+                os.stat(checkpoint).st_ino, os.stat(checkpoint).st_size):
+            raise FileNotFoundError(f"{checkpoint} was replaced while it was opened")
         reader = zstandard.ZstdDecompressor().stream_reader(fh)
         return _extract(key, iter_chunks(reader), os.path.realpath(checkpoint), owners)
 
@@ -163,15 +166,27 @@ def using(tree: Tree) -> Iterator[bool]:
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
-        yield _complete(tree.path)
+        yield _complete(tree.path) and _same_file(fd, tree.path / "lock")
     finally:
         os.close(fd)
 
 
-def sweep(in_use: Callable[[], set[str]], *, now: float | None = None) -> list[str]:
-    """Remove the trees no home uses (``in_use()``: the keys the homes that
-    exist are laid over) whose checkpoint is gone or is not its agent's
-    newest; and what a dead process left. Returns the keys removed."""
+def _same_file(fd: int, path: Path) -> bool:
+    """The lock held is still the tree's (not one swept and prepared again)."""
+    try:
+        st, now = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino)
+
+
+def sweep(in_use: Callable[[], set[str]], owners: str = KEEP, *,
+          now: float | None = None) -> list[str]:
+    """Remove the trees of ``owners`` (one backend's kind: another backend's
+    homes are not in its ``in_use``) no home uses (``in_use()``: the keys
+    the homes that exist are laid over) whose checkpoint is gone or is not
+    its agent's newest, and the image homes no home uses; and what a dead
+    process left. Returns the keys removed."""
     now = time.time() if now is None else now
     root = top()
     candidates, held = [], []
@@ -180,7 +195,7 @@ def sweep(in_use: Callable[[], set[str]], *, now: float | None = None) -> list[s
             if entry.name.startswith(TRASH) or now - _age(entry, now) > STALE_TMP_S:
                 _rmtree(entry)
             continue
-        if _complete(entry) and not _wanted(entry):
+        if _complete(entry) and _owners(entry) == owners and not _wanted(entry):
             candidates.append(entry)
     try:
         for entry in candidates:
@@ -210,12 +225,20 @@ def _age(entry: Path, now: float) -> float:
         return now
 
 
+def _owners(entry: Path) -> str | None:
+    try:
+        return (entry / "source").read_text().partition("\n")[0]
+    except OSError:
+        return None
+
+
 def _wanted(entry: Path) -> bool:
-    """A tree of its agent's newest checkpoint, while that file is as it was."""
+    """A tree of its agent's newest checkpoint, while that file is as it was
+    (an image's home: only while a home uses it; made again in an instant)."""
     try:
         owners, _, text = (entry / "source").read_text().partition("\n")
         if text == SEED:
-            return True  # a few files per image; kept while the image's agents restore
+            return False
         source = Path(text)
         if key_for(source, owners) != entry.name:
             return False
@@ -290,6 +313,7 @@ class Preparer:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # tar inherits it
         except OSError:
             pass
+        _idle_io()
         while True:
             checkpoint = self._todo.get()
             try:
@@ -302,9 +326,52 @@ class Preparer:
     def _one(self, checkpoint: Path) -> None:
         if newest_checkpoint(checkpoint.parent) != checkpoint:
             return  # superseded (or rotated away) before its turn came
-        tree = prepare(checkpoint, self._owners)
-        self.done.append(tree.key)
-        sweep(self._in_use)
+        short = room_short(checkpoint)
+        if short:
+            log.warning("not preparing the tree of %s: %s", checkpoint, short)
+        else:
+            tree = prepare(checkpoint, self._owners)
+            self.done = [*self.done[-99:], tree.key]
+        sweep(self._in_use, self._owners)
+
+
+#: A tree is not prepared when the data dir's disk would keep less than this
+#: share free, or less than :data:`MIN_FREE` bytes (a tree is a copy of a
+#: home: it must never be what fills the disk the journal writes to).
+MIN_FREE_SHARE, MIN_FREE = 0.10, 1 << 30
+#: How much larger than its zstd checkpoint a home is assumed to be.
+EXPANSION = 8
+
+
+def room_short(checkpoint: Path) -> str | None:
+    """Why there is no room for the tree of ``checkpoint``, or None."""
+    try:
+        usage = shutil.disk_usage(top())
+        need = os.stat(checkpoint).st_size * EXPANSION
+    except OSError as exc:
+        return str(exc)
+    left = usage.free - need
+    if left < max(MIN_FREE, usage.total * MIN_FREE_SHARE):
+        return (f"the disk would keep {left >> 20} MiB free of {usage.total >> 20} MiB "
+                f"(at least {max(MIN_FREE, int(usage.total * MIN_FREE_SHARE)) >> 20} MiB are kept)")
+    return None
+
+
+def _idle_io() -> None:
+    """The idle I/O class for this thread and the tar it starts (best effort:
+    only some I/O schedulers honour it; nice 19 is the other half)."""
+    import ctypes
+    import platform
+
+    number = {"x86_64": 251, "aarch64": 30}.get(platform.machine())
+    if number is None:
+        return
+    ioprio_class_idle, ioprio_who_process = 3, 1
+    try:
+        ctypes.CDLL(None, use_errno=True).syscall(number, ioprio_who_process, threading.get_native_id(),
+                                                   ioprio_class_idle << 13)
+    except (OSError, AttributeError):
+        pass
 
 
 def referenced(labels: Iterable[dict], label: str) -> set[str]:

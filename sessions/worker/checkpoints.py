@@ -35,10 +35,11 @@ async def after_turn(info: AgentInfo, backend: SandboxBackend, turn: int, throug
         stored = await asyncio.to_thread(archive.store_checkpoint, backend, info.sandbox_id,
                                          info.id, turn)
         await database_sync_to_async(record)(info, turn, stored, through_seq=through_seq)
-        await asyncio.to_thread(prepare_tree, backend, stored.path)  # may probe the engine once
     except Exception as exc:  # noqa: BLE001 - a missed checkpoint, not a failed turn
         log.warning("agent %s: checkpoint of turn %s failed: %s", info.id, turn, exc)
         await store.append(info.id, [("agent.checkpoint_failed", {"turn": turn, "reason": _why(exc)})])
+        return
+    await queue_tree(info, backend, stored.path)
 
 
 async def on_request(info: AgentInfo, backend: SandboxBackend, turn: int,
@@ -60,21 +61,30 @@ async def on_request(info: AgentInfo, backend: SandboxBackend, turn: int,
             failure=("runtime.checkpoint_failed", reason),
             facts=[("agent.checkpoint_failed", {"turn": turn, "reason": reason,
                                                 "command": cmd.id})])
+        return
+    await queue_tree(info, backend, stored.path)
+
+
+async def queue_tree(info: AgentInfo, backend: SandboxBackend, path) -> None:
+    """:func:`prepare_tree`, off the loop; a failure only costs speed."""
+    try:
+        await asyncio.to_thread(prepare_tree, backend, path)  # may probe the engine once
+    except Exception as exc:  # noqa: BLE001 - a restore then extracts, as before
+        log.warning("agent %s: the tree of checkpoint %s was not queued: %s", info.id, path, exc)
 
 
 def prepare_tree(backend: SandboxBackend, path) -> None:
     """Have the checkpoint extracted in the background, so that a restore or
     a fork from it lays its home over the tree (sandboxes/backends/trees.py)."""
-    global PREPARER
     if not backend.prepares_trees():
         return
-    if PREPARER is None:
-        PREPARER = trees.Preparer(backend.tree_keys_in_use, backend.tree_owners)
-    PREPARER.submit(path)
+    if backend.name not in PREPARERS:
+        PREPARERS[backend.name] = trees.Preparer(backend.tree_keys_in_use, backend.tree_owners)
+    PREPARERS[backend.name].submit(path)
 
 
-#: The one background preparer of this process (made at the first checkpoint).
-PREPARER: trees.Preparer | None = None
+#: The background preparer of each backend this process drives (made at its first checkpoint).
+PREPARERS: dict[str, trees.Preparer] = {}
 
 
 def record(info: AgentInfo, turn: int, stored: archive.StoredCheckpoint, *,

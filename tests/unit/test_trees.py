@@ -108,10 +108,11 @@ def test_the_sweep_keeps_the_newest_and_what_homes_use(data_dir, tmp_path):
     gone_ckpt = _checkpoint(tmp_path / "cp" / "ag2", "s1")
     orphan = trees.prepare(gone_ckpt)
     gone_ckpt.unlink()
-    removed = trees.sweep(lambda: {used.key})
+    removed = trees.sweep(lambda: {used.key, seed.key})
     assert sorted(removed) == sorted([older.key, orphan.key])
     assert used.path.exists() and newest.path.exists() and seed.path.exists()
     assert not [p for p in trees.top().iterdir() if p.name.startswith(trees.TRASH)]
+    assert trees.sweep(lambda: {used.key}) == [seed.key]  # an image's home no home uses
 
 
 def test_the_sweep_skips_a_tree_held_by_a_restore(data_dir, tmp_path):
@@ -148,3 +149,24 @@ def test_the_preparer_skips_a_checkpoint_superseded_before_its_turn(data_dir, tm
     preparer.drain()
     assert trees.find(first) is None
     assert preparer.done == [trees.find(second).key]
+
+
+def test_a_sweep_touches_only_its_own_kind(data_dir, tmp_path):
+    """The docker backend's sweep cannot see the local backend's homes (and
+    the other way round): it leaves the other kind's trees alone."""
+    gone = _checkpoint(tmp_path / "cp" / "ag1", "s1")
+    kept = trees.prepare(gone, trees.ROOT)
+    gone.unlink()
+    assert trees.sweep(set, trees.KEEP) == []
+    assert kept.path.exists()
+    assert trees.sweep(set, trees.ROOT) == [kept.key]
+
+
+def test_no_tree_is_prepared_where_it_would_fill_the_disk(data_dir, tmp_path, monkeypatch):
+    ckpt = _checkpoint(tmp_path / "cp" / "ag1", "s1")
+    monkeypatch.setattr(trees, "MIN_FREE", 1 << 60)
+    assert "MiB" in trees.room_short(ckpt)
+    preparer = trees.Preparer(set)
+    preparer.submit(ckpt)
+    preparer.drain()
+    assert trees.find(ckpt) is None and preparer.done == []
