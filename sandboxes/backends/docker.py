@@ -422,7 +422,7 @@ class DockerBackend(HostHomes, TreeHomes, SandboxBackend):
             self._unsealed.pop(sandbox_id, None)
             self._unstarted.pop(sandbox_id, None)
         hosthome.remove(home)
-        self.remove_tree_home(volume)
+        self.discard_tree_home(volume)
 
     def home(self, sandbox_id: str) -> str:
         return HOME

@@ -137,12 +137,9 @@ class TreeHomes:
         overlay.tar_in(sandbox_id, fd, tar_chunks, config.restore_caps())
         return True
 
-    def discard_tree_home(self, token: str) -> None:
-        """A tree home made for a sandbox that was never created."""
-        self.remove_tree_home(token)
-
-    def remove_tree_home(self, volume: str | None) -> None:
-        """Remove a tree home's volume (its container is gone) and its layer."""
+    def discard_tree_home(self, volume: str | None) -> None:
+        """Remove a tree home's volume (its container is gone, or was never
+        created) and its layer."""
         if volume is None:
             return
         try:
@@ -166,7 +163,7 @@ class TreeHomes:
         gone = []
         for v in ours:
             if v["Name"] in dangling and _age_s(v) >= hosthome.ORPHAN_AGE_S:
-                self.remove_tree_home(v["Name"])
+                self.discard_tree_home(v["Name"])
                 gone.append(v["Name"])
         names = {v["Name"] for v in ours}
         top = config.data_dir().layers

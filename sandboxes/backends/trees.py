@@ -82,7 +82,10 @@ def key_for(checkpoint: str | os.PathLike, owners: str = KEEP) -> str:
     if owners not in (KEEP, ROOT):
         raise ValueError(f"owners must be {KEEP!r} or {ROOT!r}, not {owners!r}")
     real = os.path.realpath(checkpoint)
-    st = os.stat(real)
+    return _key(real, os.stat(real), owners)
+
+
+def _key(real: str, st: os.stat_result, owners: str) -> str:
     ident = f"{real}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\0{owners}"
     return hashlib.sha256(ident.encode()).hexdigest()[:32]
 
@@ -111,17 +114,14 @@ def prepare(checkpoint: str | os.PathLike, owners: str = KEEP) -> Tree:
     (UnsafeArchive, ExecFailed, … when it cannot be: nothing is left)."""
     import zstandard
 
-
     found = find(checkpoint, owners)
     if found is not None:
         return found
-    with open(checkpoint, "rb") as fh:
-        key = key_for(checkpoint, owners)
-        if (os.fstat(fh.fileno()).st_ino, os.fstat(fh.fileno()).st_size) != (
-                os.stat(checkpoint).st_ino, os.stat(checkpoint).st_size):
-            raise FileNotFoundError(f"{checkpoint} was replaced while it was opened")
+    real = os.path.realpath(checkpoint)
+    with open(real, "rb") as fh:
+        key = _key(real, os.fstat(fh.fileno()), owners)  # the file read, whatever the path holds now
         reader = zstandard.ZstdDecompressor().stream_reader(fh)
-        return _extract(key, iter_chunks(reader), os.path.realpath(checkpoint), owners)
+        return _extract(key, iter_chunks(reader), real, owners)
 
 
 def prepare_seed(tar: bytes) -> Tree:
@@ -192,10 +192,11 @@ def sweep(in_use: Callable[[], set[str]], owners: str = KEEP, *,
     candidates, held = [], []
     for entry in sorted(root.iterdir()):
         if entry.name.startswith((TMP, TRASH)):
-            if entry.name.startswith(TRASH) or now - _age(entry, now) > STALE_TMP_S:
+            if entry.name.startswith(TRASH) or now - _mtime(entry, now) > STALE_TMP_S:
                 _rmtree(entry)
             continue
-        if _complete(entry) and _owners(entry) == owners and not _wanted(entry):
+        source = _source(entry) if _complete(entry) else None
+        if source is not None and source[0] == owners and not _wanted(entry, *source):
             candidates.append(entry)
     try:
         for entry in candidates:
@@ -218,28 +219,29 @@ def sweep(in_use: Callable[[], set[str]], owners: str = KEEP, *,
     return gone
 
 
-def _age(entry: Path, now: float) -> float:
+def _mtime(entry: Path, default: float) -> float:
     try:
         return entry.lstat().st_mtime
     except OSError:
-        return now
+        return default
 
 
-def _owners(entry: Path) -> str | None:
-    try:
-        return (entry / "source").read_text().partition("\n")[0]
-    except OSError:
-        return None
-
-
-def _wanted(entry: Path) -> bool:
-    """A tree of its agent's newest checkpoint, while that file is as it was
-    (an image's home: only while a home uses it; made again in an instant)."""
+def _source(entry: Path) -> tuple[str, str] | None:
+    """(owners, the checkpoint's path or SEED) a tree was made from."""
     try:
         owners, _, text = (entry / "source").read_text().partition("\n")
-        if text == SEED:
-            return False
-        source = Path(text)
+    except OSError:
+        return None
+    return owners, text
+
+
+def _wanted(entry: Path, owners: str, text: str) -> bool:
+    """A tree of its agent's newest checkpoint, while that file is as it was
+    (an image's home: only while a home uses it; made again in an instant)."""
+    if text == SEED:
+        return False
+    source = Path(text)
+    try:
         if key_for(source, owners) != entry.name:
             return False
     except (OSError, ValueError):  # gone, or not a source this release wrote

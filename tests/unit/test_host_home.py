@@ -13,6 +13,7 @@ import pytest
 
 from sandboxes.backends import hosthome
 from sandboxes.bridge import config as bridge_config
+from tests.unit.tars import tar_of
 
 
 @pytest.fixture
@@ -24,20 +25,7 @@ def data_dir(tmp_path, settings):
 
 def _engine_archive(*members) -> list[bytes]:
     """An archive as the engine's get_archive of /root gives it: ``root``, ``root/…``."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        for name, kind, payload in members:
-            info = tarfile.TarInfo(name)
-            info.type = kind
-            if kind == tarfile.SYMTYPE:
-                info.linkname = payload
-                tf.addfile(info)
-            elif kind == tarfile.REGTYPE:
-                info.size = len(payload)
-                tf.addfile(info, io.BytesIO(payload))
-            else:
-                tf.addfile(info)
-    data = buf.getvalue()
+    data = tar_of(*members)
     return [data[:700], data[700:]]
 
 

@@ -4,7 +4,6 @@ needed: the container's description is a dict, its upper dir a temp dir."""
 
 from __future__ import annotations
 
-import io
 import os
 import tarfile
 
@@ -12,6 +11,7 @@ import pytest
 
 from sandboxes.backends import overlay
 from sandboxes.errors import UnsafeArchive
+from tests.unit.tars import tar_of
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the host-side paths are root's")
 
@@ -24,22 +24,7 @@ def _info(upper, *, status="created", started="0001-01-01T00:00:00Z", mounts=(),
 
 
 def _tar(*members) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
-        for name, kind, payload in members:
-            info = tarfile.TarInfo(name)
-            info.type, info.mtime, info.uid, info.gid = kind, 1_700_000_000, 1000, 1000
-            info.uname = info.gname = "root"  # by number: never the host's user of that name
-            info.mode = 0o750 if kind == tarfile.DIRTYPE else 0o640
-            if kind == tarfile.SYMTYPE:
-                info.linkname = payload
-                tf.addfile(info)
-            elif kind == tarfile.REGTYPE:
-                info.size = len(payload)
-                tf.addfile(info, io.BytesIO(payload))
-            else:
-                tf.addfile(info)
-    return buf.getvalue()
+    return tar_of(*members, uid=1000, dir_mode=0o750, file_mode=0o640)
 
 
 @needs_root

@@ -6,7 +6,6 @@ tar into a temp data dir."""
 
 from __future__ import annotations
 
-import io
 import os
 import tarfile
 import time
@@ -16,6 +15,7 @@ import zstandard
 
 from sandboxes.backends import trees
 from sandboxes.errors import UnsafeArchive
+from tests.unit.tars import tar_of
 
 
 @pytest.fixture
@@ -25,24 +25,7 @@ def data_dir(tmp_path, settings):
     return tmp_path / "data"
 
 
-def _tar(*members) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
-        for name, kind, payload in members:
-            info = tarfile.TarInfo(name)
-            info.type, info.mode = kind, 0o755 if kind == tarfile.DIRTYPE else 0o644
-            if kind == tarfile.SYMTYPE:
-                info.linkname = payload
-                tf.addfile(info)
-            elif kind == tarfile.REGTYPE:
-                info.size = len(payload)
-                tf.addfile(info, io.BytesIO(payload))
-            else:
-                tf.addfile(info)
-    return buf.getvalue()
-
-
-HOME = _tar((".", tarfile.DIRTYPE, b""), ("./w", tarfile.DIRTYPE, b""),
+HOME = tar_of((".", tarfile.DIRTYPE, b""), ("./w", tarfile.DIRTYPE, b""),
             ("./w/a.txt", tarfile.REGTYPE, b"alpha\n"), ("./w/l", tarfile.SYMTYPE, "a.txt"))
 
 
@@ -73,7 +56,7 @@ def test_a_checkpoint_written_again_is_another_tree(data_dir, tmp_path):
     ckpt = _checkpoint(folder, "sb")
     old = trees.prepare(ckpt)
     ckpt.unlink()
-    _checkpoint(folder, "sb", _tar((".", tarfile.DIRTYPE, b""), ("./b.txt", tarfile.REGTYPE, b"beta\n")))
+    _checkpoint(folder, "sb", tar_of((".", tarfile.DIRTYPE, b""), ("./b.txt", tarfile.REGTYPE, b"beta\n")))
     assert trees.find(ckpt) is None
     new = trees.prepare(ckpt)
     assert new.key != old.key and (new.root / "b.txt").read_text() == "beta\n"
@@ -84,7 +67,7 @@ def test_a_checkpoint_written_again_is_another_tree(data_dir, tmp_path):
     [("../escape.txt", tarfile.REGTYPE, b"x")],
 ])
 def test_an_unsafe_checkpoint_leaves_no_tree(data_dir, tmp_path, members):
-    ckpt = _checkpoint(tmp_path / "cp" / "ag1", "sb", _tar((".", tarfile.DIRTYPE, b""), *members))
+    ckpt = _checkpoint(tmp_path / "cp" / "ag1", "sb", tar_of((".", tarfile.DIRTYPE, b""), *members))
     with pytest.raises(UnsafeArchive):
         trees.prepare(ckpt)
     assert trees.find(ckpt) is None and list(trees.top().iterdir()) == []
